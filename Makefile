@@ -1,0 +1,32 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both set up what they need.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# torch==2.13.0 first: the CPU wheel on disk. Asked for through a range, pip would fetch a CUDA build.
+TORCH := torch==2.13.0
+
+.PHONY: setup demo test lint clean
+
+$(BIN)/.deps: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e '.[dev]' --config-settings editable_mode=strict
+	touch $@
+
+# Strict editable installs link files one by one: re-link so new modules are importable.
+setup: $(BIN)/.deps
+	@$(BIN)/pip install -q --no-deps -e . --config-settings editable_mode=strict
+
+demo: setup
+	$(BIN)/flashrt demo
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: setup lint
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) build *.egg-info

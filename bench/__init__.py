@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m flashrt.bench kernels`` on a GPU; results land in bench/results/."""

@@ -1,0 +1,226 @@
+"""The public NVFP4 ops: checked Python entry points over ``torch.library`` custom ops.
+
+``linear`` and ``moe`` validate their inputs (a ``ValueError`` names the tensor, what it got and
+what it needs) and call ``torch.ops.flashrt.*``. Each custom op has a fake implementation, so
+it traces under ``torch.compile(fullgraph=True)`` as one opaque node, and it launches only
+device work with preallocated outputs, so it records into a CUDA graph.
+
+On a CUDA device the op runs the Triton form that ``flashrt.kernels.tuning`` measured fastest
+for the shape; elsewhere it runs the plain-torch reference (dequantize, then matmul), which is
+also what the tests compare against.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from flashrt.kernels import linear_gemv, linear_mma, moe_fused
+from flashrt.kernels.nvfp4 import BLOCK_SIZE, NVFP4Weight, check_weight, dequantize
+from flashrt.kernels.tuning import TUNER, Candidate, Outcome, bucket, candidate
+
+ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
+LINEAR_FORMS = {"gemv": linear_gemv, "mma": linear_mma}
+
+
+# -- references ----------------------------------------------------------------------------------
+
+
+def linear_reference(x: torch.Tensor, w: NVFP4Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ dequant(W)^T + bias`` in float32, returned in ``x``'s dtype."""
+    out = x.float() @ dequantize(w, torch.float32).t()
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(x.dtype)
+
+
+def moe_reference(hidden: torch.Tensor, gate_up: NVFP4Weight, down: NVFP4Weight,
+                  topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+    """Per routed expert: dequantize, ``silu(gate) * up``, down, weighted sum; float32 inside."""
+    n = gate_up.packed.shape[1] // 2
+    x = hidden.float()
+    out = torch.zeros_like(x)
+    for expert in topk_ids.unique().tolist():
+        token, slot = (topk_ids == expert).nonzero(as_tuple=True)
+        gu = _expert(gate_up, expert)
+        dn = _expert(down, expert)
+        h = x[token] @ gu.t()
+        h = F.silu(h[:, :n]) * h[:, n:]
+        out.index_add_(0, token, (h @ dn.t()) * topk_weights[token, slot].float()[:, None])
+    return out.to(hidden.dtype)
+
+
+def _expert(bank: NVFP4Weight, e: int) -> torch.Tensor:
+    return dequantize(NVFP4Weight(bank.packed[e], bank.scales[e], bank.global_scale[e]), torch.float32)
+
+
+# -- device dispatch -----------------------------------------------------------------------------
+
+
+@functools.cache
+def _device_key(index: int) -> str:
+    props = torch.cuda.get_device_properties(index)
+    import triton
+
+    name = props.name.replace(" ", "-")
+    return f"{name}-sm{props.major}{props.minor}-triton{triton.__version__}"
+
+
+def _capability(device: torch.device) -> tuple[int, int] | None:
+    return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+
+
+def _use_prmt(device: torch.device) -> bool:
+    from flashrt.kernels.decode import use_prmt
+
+    return use_prmt(_capability(device))
+
+
+def _may_measure(device: torch.device) -> bool:
+    return device.type == "cuda" and not torch.cuda.is_current_stream_capturing()
+
+
+def _time_us(fn) -> float:
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=5, rep=20, return_mode="median")) * 1e3
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(F.cosine_similarity(a.float().flatten(), b.float().flatten(), dim=0))
+
+
+def linear_candidates(m: int, n: int, k: int) -> list[Candidate]:
+    return [candidate(form, cfg) for form, mod in LINEAR_FORMS.items() for cfg in mod.configs(m, n, k)]
+
+
+def choose_linear(x: torch.Tensor, packed, scales, global_scale, bias) -> Candidate:
+    m, k = x.shape
+    n = packed.shape[0]
+    device = x.device
+    key = f"linear:{x.dtype}:M{bucket(m)}:N{n}:K{k}"
+
+    def measure(c: Candidate) -> Outcome:
+        out = torch.empty(m, n, dtype=x.dtype, device=device)
+        mod = LINEAR_FORMS[c.form]
+        run = functools.partial(mod.launch, x, packed, scales, global_scale, bias, out, c.params, _use_prmt(device))
+        try:
+            run()
+            ref = linear_reference(x, NVFP4Weight(packed, scales, global_scale), bias)
+            return Outcome(c, _time_us(run), parity=_cosine(out, ref))
+        except Exception as exc:  # a config that does not build here is refused, not fatal
+            return Outcome(c, refused=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+
+    return TUNER.choose(_device_key(device.index or 0), key, linear_candidates(m, n, k), measure, _may_measure(device))
+
+
+def choose_moe(hidden, gate_up, down, topk_ids, topk_weights) -> Candidate:
+    t, k = hidden.shape
+    e, two_n, _ = gate_up[0].shape
+    key = f"moe:{hidden.dtype}:T{bucket(t)}:E{e}:N{two_n // 2}:K{k}:top{topk_ids.shape[1]}"
+    device = hidden.device
+    cands = [candidate("fused", cfg) for cfg in moe_fused.configs(t, two_n // 2, k)]
+
+    def measure(c: Candidate) -> Outcome:
+        out = torch.empty_like(hidden)
+        run = functools.partial(moe_fused.launch, hidden, gate_up, down, topk_ids, topk_weights, out, c.params, _use_prmt(device))
+        try:
+            run()
+            ref = moe_reference(hidden, NVFP4Weight(*gate_up), NVFP4Weight(*down), topk_ids, topk_weights)
+            return Outcome(c, _time_us(run), parity=_cosine(out, ref))
+        except Exception as exc:
+            return Outcome(c, refused=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+
+    return TUNER.choose(_device_key(device.index or 0), key, cands, measure, _may_measure(device))
+
+
+# -- custom ops ----------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("flashrt::nvfp4_linear", mutates_args=())
+def _nvfp4_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor,
+                  bias: torch.Tensor | None) -> torch.Tensor:
+    if x.device.type != "cuda":
+        return linear_reference(x, NVFP4Weight(packed, scales, global_scale), bias)
+    c = choose_linear(x, packed, scales, global_scale, bias)
+    out = torch.empty(x.shape[0], packed.shape[0], dtype=x.dtype, device=x.device)
+    return LINEAR_FORMS[c.form].launch(x, packed, scales, global_scale, bias, out, c.params, _use_prmt(x.device))
+
+
+@_nvfp4_linear.register_fake
+def _(x, packed, scales, global_scale, bias):
+    return x.new_empty(x.shape[0], packed.shape[0])
+
+
+@torch.library.custom_op("flashrt::nvfp4_moe", mutates_args=())
+def _nvfp4_moe(hidden: torch.Tensor, gu_packed: torch.Tensor, gu_scales: torch.Tensor, gu_global: torch.Tensor,
+               dn_packed: torch.Tensor, dn_scales: torch.Tensor, dn_global: torch.Tensor,
+               topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+    gate_up = (gu_packed, gu_scales, gu_global)
+    down = (dn_packed, dn_scales, dn_global)
+    if hidden.device.type != "cuda":
+        return moe_reference(hidden, NVFP4Weight(*gate_up), NVFP4Weight(*down), topk_ids, topk_weights)
+    c = choose_moe(hidden, gate_up, down, topk_ids, topk_weights)
+    out = torch.empty_like(hidden)
+    return moe_fused.launch(hidden, gate_up, down, topk_ids, topk_weights, out, c.params, _use_prmt(hidden.device))
+
+
+@_nvfp4_moe.register_fake
+def _(hidden, gu_packed, gu_scales, gu_global, dn_packed, dn_scales, dn_global, topk_ids, topk_weights):
+    return torch.empty_like(hidden)
+
+
+# -- checked entry points ------------------------------------------------------------------------
+
+
+def _check_activation(name: str, x: torch.Tensor, k: int, device: torch.device) -> None:
+    if x.dtype not in ACTIVATION_DTYPES:
+        raise ValueError(f"{name}: got dtype {x.dtype}, need one of {ACTIVATION_DTYPES}")
+    if x.shape[-1] != k:
+        raise ValueError(f"{name}: got {x.shape[-1]} features (shape {tuple(x.shape)}), the weight needs K = {k}")
+    if x.device != device:
+        raise ValueError(f"{name}: on {x.device}, the weight on {device}; move both to one device")
+
+
+def linear(x: torch.Tensor, w: NVFP4Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x [..., K] @ dequant(W)[N, K]^T + bias -> [..., N]`` in ``x``'s dtype."""
+    check_weight("w", w)
+    n, k = w.shape
+    if k % BLOCK_SIZE:
+        raise ValueError(f"w: K = {k} is not a multiple of {BLOCK_SIZE}")
+    _check_activation("x", x, k, w.packed.device)
+    if bias is not None and (bias.shape != (n,) or bias.device != x.device):
+        raise ValueError(f"bias: got shape {tuple(bias.shape)} on {bias.device}, need ({n},) on {x.device}")
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    out = torch.ops.flashrt.nvfp4_linear(x2, w.packed, w.scales, w.global_scale, bias)
+    return out.reshape(*x.shape[:-1], n)
+
+
+def moe(hidden: torch.Tensor, gate_up: NVFP4Weight, down: NVFP4Weight, topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor) -> torch.Tensor:
+    """Fused expert bank: ``hidden [T, K]``, ``gate_up [E, 2N, K]``, ``down [E, K, N]`` -> ``[T, K]``."""
+    check_weight("gate_up", gate_up, batched=True)
+    check_weight("down", down, batched=True)
+    e, two_n, k = gate_up.shape
+    if two_n % 2:
+        raise ValueError(f"gate_up: got {two_n} rows an expert, need 2N (gate rows, then up rows)")
+    if down.shape != (e, k, two_n // 2):
+        raise ValueError(f"down: got shape {down.shape}, need {(e, k, two_n // 2)} to match gate_up {gate_up.shape}")
+    if hidden.dim() != 2:
+        raise ValueError(f"hidden: got rank {hidden.dim()} {tuple(hidden.shape)}, need [T, K]")
+    _check_activation("hidden", hidden, k, gate_up.packed.device)
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != hidden.shape[0] or topk_ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"topk_ids: got {topk_ids.dtype} {tuple(topk_ids.shape)}, need int32/int64 [{hidden.shape[0]}, top_k]")
+    if topk_weights.shape != topk_ids.shape or not topk_weights.is_floating_point():
+        raise ValueError(f"topk_weights: got {topk_weights.dtype} {tuple(topk_weights.shape)}, need floating {tuple(topk_ids.shape)}")
+    for name, t in (("topk_ids", topk_ids), ("topk_weights", topk_weights)):
+        if t.device != hidden.device:
+            raise ValueError(f"{name}: on {t.device}, hidden on {hidden.device}; move both to one device")
+    return torch.ops.flashrt.nvfp4_moe(
+        hidden.contiguous(), gate_up.packed, gate_up.scales, gate_up.global_scale,
+        down.packed, down.scales, down.global_scale, topk_ids.contiguous(), topk_weights.contiguous(),
+    )

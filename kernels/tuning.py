@@ -1,0 +1,149 @@
+"""Form adjudication: which kernel form and config serves a shape on this device, by measurement.
+
+design.md's rules: candidates are qualified by device-neutral facts (the form builds here, the
+config fits the shape), qualified ones are timed on the real shape, a candidate enters only at
+or above the parity floor, and within a 3% win margin the higher-precision form wins, so noise
+never flips a choice. ``adjudicate`` is the pure decision; ``Tuner`` measures and caches.
+
+Choices are cached per device and shape bucket in memory (a process never re-tunes a shape)
+and in a JSON file under ``FLASHRT_CACHE_DIR`` (default ``~/.cache/flashrt``), so the
+tensor-parallel ranks and restarts of one node reuse them. Inside CUDA-graph capture nothing
+is timed: an uncached shape takes the first qualified candidate.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PARITY_FLOOR = 0.99
+WIN_MARGIN = 0.03
+
+
+@dataclass(frozen=True)
+class Candidate:
+    form: str
+    config: tuple[tuple[str, int], ...]
+    precision: int = 0  # higher wins ties inside the margin (W4A16 > W4A4)
+
+    @property
+    def params(self) -> dict:
+        return dict(self.config)
+
+    @property
+    def name(self) -> str:
+        return self.form + "[" + ",".join(f"{k}={v}" for k, v in self.config) + "]"
+
+
+def candidate(form: str, config: dict, precision: int = 0) -> Candidate:
+    return Candidate(form, tuple(sorted(config.items())), precision)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    candidate: Candidate
+    time_us: float | None = None  # None: not timed
+    parity: float | None = None
+    refused: str | None = None  # the reason, in words
+
+
+@dataclass(frozen=True)
+class Verdict:
+    winner: Candidate | None
+    notes: tuple[str, ...] = field(default=())
+
+
+def adjudicate(outcomes: list[Outcome], parity_floor: float = PARITY_FLOOR, margin: float = WIN_MARGIN) -> Verdict:
+    """Pick the winner among measured outcomes; every outcome leaves a note."""
+    notes = []
+    entrants = []
+    for o in outcomes:
+        if o.refused:
+            notes.append(f"{o.candidate.name}: refused: {o.refused}")
+        elif o.time_us is None:
+            notes.append(f"{o.candidate.name}: not timed")
+        elif o.parity is not None and o.parity < parity_floor:
+            notes.append(f"{o.candidate.name}: refused: parity {o.parity:.4f} under floor {parity_floor}")
+        else:
+            entrants.append(o)
+            notes.append(f"{o.candidate.name}: {o.time_us:.2f} us" + (f", parity {o.parity:.5f}" if o.parity is not None else ""))
+    if not entrants:
+        return Verdict(None, tuple(notes))
+    fastest = min(o.time_us for o in entrants)
+    close = [o for o in entrants if o.time_us <= fastest * (1 + margin)]
+    best_precision = max(o.candidate.precision for o in close)
+    winner = min((o for o in close if o.candidate.precision == best_precision), key=lambda o: o.time_us)
+    notes.append(f"winner {winner.candidate.name} at {winner.time_us:.2f} us")
+    return Verdict(winner.candidate, tuple(notes))
+
+
+def bucket(m: int) -> int:
+    """Token counts share a choice with the next power of two (1, 2, 4, ... 2048, then 4096+)."""
+    b = 1
+    while b < m and b < 4096:
+        b *= 2
+    return b
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("FLASHRT_CACHE_DIR", Path.home() / ".cache" / "flashrt"))
+
+
+class Tuner:
+    """Measures candidates once per (device, op, shape bucket) and remembers the winner."""
+
+    def __init__(self) -> None:
+        self._choices: dict[str, dict[str, Candidate]] = {}
+        self._notes: dict[str, tuple[str, ...]] = {}
+        self._lock = threading.Lock()
+
+    def _device_table(self, device_key: str) -> dict[str, Candidate]:
+        if device_key not in self._choices:
+            table: dict[str, Candidate] = {}
+            path = _cache_dir() / f"tuning-{device_key}.json"
+            if path.exists():
+                try:
+                    raw = json.loads(path.read_text())
+                    for key, c in raw.items():
+                        table[key] = Candidate(c["form"], tuple((k, v) for k, v in c["config"]), c.get("precision", 0))
+                except (ValueError, KeyError, TypeError):
+                    table = {}  # a damaged cache is re-measured, never trusted
+            self._choices[device_key] = table
+        return self._choices[device_key]
+
+    def _persist(self, device_key: str) -> None:
+        path = _cache_dir() / f"tuning-{device_key}.json"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            raw = {k: {"form": c.form, "config": list(c.config), "precision": c.precision} for k, c in self._choices[device_key].items()}
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(raw, indent=1, sort_keys=True))
+            tmp.replace(path)
+        except OSError:
+            pass  # a read-only home only costs a re-measure in the next process
+
+    def choose(self, device_key: str, shape_key: str, candidates: list[Candidate],
+               measure: Callable[[Candidate], Outcome], may_measure: bool) -> Candidate:
+        with self._lock:
+            table = self._device_table(device_key)
+            if shape_key in table:
+                return table[shape_key]
+            if not may_measure:
+                return candidates[0]
+            verdict = adjudicate([measure(c) for c in candidates])
+            self._notes[shape_key] = verdict.notes
+            if verdict.winner is None:
+                raise RuntimeError(f"no kernel candidate qualified for {shape_key}: " + "; ".join(verdict.notes))
+            table[shape_key] = verdict.winner
+            self._persist(device_key)
+            return verdict.winner
+
+    def notes(self, shape_key: str) -> tuple[str, ...]:
+        return self._notes.get(shape_key, ())
+
+
+TUNER = Tuner()

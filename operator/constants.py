@@ -1,0 +1,10 @@
+"""Every name the operator puts on a cluster object, in one place (the injector's contract)."""
+
+GROUP = "flashrt.io"
+VERSION = "v1alpha1"
+PROFILE_ANNOTATION = f"{GROUP}/profile"
+STATUS_ANNOTATION = f"{GROUP}/status"
+CONTAINER_ANNOTATION = f"{GROUP}/container"
+INJECT_LABEL = f"{GROUP}/inject"
+INJECT_LABEL_VALUE = "enabled"
+DEFAULT_PROFILE = "default"

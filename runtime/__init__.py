@@ -1,0 +1,1 @@
+"""Seats: find, bind, guard, adjudicate and detach NVFP4 kernels in a live model."""

@@ -1,0 +1,227 @@
+"""NVFP4 format, Triton kernels and custom ops against plain-torch references.
+
+On the CPU the Triton kernels run under ``TRITON_INTERPRET=1`` (conftest); on a GPU the same
+tests run the compiled kernels, including the PTX decoder the interpreter cannot run.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from flashrt.kernels import linear_gemv, linear_mma, moe_fused, nvfp4, ops
+from flashrt.kernels.decode import use_prmt
+from flashrt.kernels.nvfp4 import NVFP4Weight
+from flashrt.kernels.quantizer import quantize_triton
+
+ON_GPU = torch.cuda.is_available()
+
+
+def _prmt(device):
+    return use_prmt(torch.cuda.get_device_capability(device) if device.type == "cuda" else None)
+
+
+def _rel_err_f64(out: torch.Tensor, x: torch.Tensor, w: NVFP4Weight) -> float:
+    ref = x.double() @ nvfp4.dequantize(w, torch.float64).t()
+    return float((out.double() - ref).norm() / ref.norm())
+
+
+# -- format ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(64, 768), (33, 2048), (4, 24, 4096), (3, 40, 64)])
+def test_quantize_dequantize_round_trip_is_bit_exact(shape):
+    q = nvfp4.quantize_reference(torch.randn(*shape, dtype=torch.bfloat16))
+    again = nvfp4.quantize_reference(nvfp4.dequantize(q, torch.float32))
+    assert torch.equal(again.packed, q.packed)
+    assert torch.equal(again.scales.view(torch.uint8), q.scales.view(torch.uint8))
+    torch.testing.assert_close(again.global_scale, q.global_scale, rtol=2e-7, atol=0)
+
+
+def test_e2m1_codes_round_to_nearest_even():
+    x = torch.tensor([0.25, 0.26, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 5.1, 7.0, -0.74, -0.0])
+    assert nvfp4.e2m1_values(nvfp4.e2m1_codes(x)).tolist() == [0.0, 0.5, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 6.0, 6.0, -0.5, 0.0]
+
+
+def test_dequantized_weight_is_close_to_the_original():
+    w = torch.randn(256, 2048, dtype=torch.bfloat16)
+    back = nvfp4.dequantize(nvfp4.quantize_reference(w), torch.float32)
+    assert F.cosine_similarity(back.flatten(), w.float().flatten(), dim=0) > 0.99
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_checkpoint_layouts_round_trip(batched):
+    q = nvfp4.quantize_reference(torch.randn(*((3,) if batched else ()), 32, 128, dtype=torch.bfloat16))
+    mo = nvfp4.from_modelopt(nvfp4.to_modelopt(q))
+    ct = nvfp4.from_compressed_tensors(nvfp4.to_compressed_tensors(q))
+    assert set(nvfp4.to_modelopt(q)) == {"weight", "weight_scale", "weight_scale_2"}
+    assert set(nvfp4.to_compressed_tensors(q)) == {"weight_packed", "weight_scale", "weight_global_scale"}
+    for back in (mo, ct):
+        assert torch.equal(back.packed, q.packed)
+        assert torch.equal(back.scales.view(torch.uint8), q.scales.view(torch.uint8))
+        torch.testing.assert_close(back.global_scale, q.global_scale, rtol=2e-7, atol=0)
+    # compressed-tensors divides by its global scale: the dequantized weight must not change.
+    torch.testing.assert_close(nvfp4.dequantize(ct, torch.float32), nvfp4.dequantize(q, torch.float32), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("shape", [(40, 64), (3, 40, 64), (17, 48)] + ([(2, 1536, 2048), (4096, 4096)] if ON_GPU else []))
+def test_quantizer_kernel_matches_reference_bit_for_bit(shape, device):
+    w = torch.randn(*shape, dtype=torch.bfloat16, device=device) * 3
+    ref = nvfp4.quantize_reference(w.cpu())
+    got = quantize_triton(w)
+    assert torch.equal(got.packed.cpu(), ref.packed)
+    assert torch.equal(got.scales.view(torch.uint8).cpu(), ref.scales.view(torch.uint8))
+    assert torch.equal(got.global_scale.cpu(), ref.global_scale)
+
+
+# -- linear ----------------------------------------------------------------------------------------
+
+
+LINEAR_CASES = [(m, k) for m in (1, 3, 7, 16, 33) for k in (768, 2048, 4096)]
+
+
+@pytest.mark.parametrize("form", ["gemv", "mma"])
+@pytest.mark.parametrize(("m", "k"), LINEAR_CASES)
+def test_linear_kernel_matches_reference(form, m, k, device):
+    n = 200 if not ON_GPU else 1000  # not a multiple of any block size
+    w = torch.randn(n, k, dtype=torch.bfloat16, device=device)
+    q = nvfp4.quantize(w)
+    x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
+    bias = torch.randn(n, dtype=torch.bfloat16, device=device)
+    mod = {"gemv": linear_gemv, "mma": linear_mma}[form]
+    config = {"BLOCK_M": 16 if form == "mma" else 4, "BLOCK_N": 64 if form == "mma" else 16,
+              "BLOCK_K": 256, "num_warps": 4, "num_stages": 2}
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
+    mod.launch(x, q.packed, q.scales, q.global_scale, None, out, config, _prmt(device))
+    assert not out.isnan().any(), "every output element must be written"
+    assert _rel_err_f64(out, x, q) < 1e-2
+    assert F.cosine_similarity(out.float().flatten(), F.linear(x, w).float().flatten(), dim=0) >= 0.99
+    out_b = torch.full_like(out, float("nan"))
+    mod.launch(x, q.packed, q.scales, q.global_scale, bias, out_b, config, _prmt(device))
+    torch.testing.assert_close(out_b.float(), out.float() + bias.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("m", [1, 5, 64])
+def test_linear_op_dispatches_and_keeps_leading_dims(m, device):
+    q = nvfp4.quantize(torch.randn(96, 256, dtype=torch.bfloat16, device=device))
+    x = torch.randn(2, m, 256, dtype=torch.bfloat16, device=device)
+    out = ops.linear(x, q)
+    assert out.shape == (2, m, 96)
+    ref = ops.linear_reference(x.reshape(-1, 256), q).reshape(2, m, 96)
+    torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+
+
+# -- expert bank -----------------------------------------------------------------------------------
+
+
+def _bank(e, n, k, device):
+    return (nvfp4.quantize(torch.randn(e, 2 * n, k, dtype=torch.bfloat16, device=device)),
+            nvfp4.quantize(torch.randn(e, k, n, dtype=torch.bfloat16, device=device)))
+
+
+def _route(t, e, top_k, device):
+    w, ids = torch.topk(torch.randn(t, e, device=device).softmax(-1), top_k)
+    return ids, (w / w.sum(-1, keepdim=True)).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("t", [1, 3, 7, 16, 33])
+@pytest.mark.parametrize("weight_format", ["nvfp4", "bf16"])
+def test_moe_kernel_matches_reference(t, weight_format, device):
+    e, n, k, top_k = 8, 48, 768, 2  # N = 48: not a multiple of the 32/64 blocks
+    gu, dn = _bank(e, n, k, device)
+    hidden = torch.randn(t, k, dtype=torch.bfloat16, device=device)
+    ids, weights = _route(t, e, top_k, device)
+    config = {**moe_fused.configs(t, n, k)[0], "DOWN_BLOCK_K": 64 if not ON_GPU else 256}
+    out = torch.full_like(hidden, float("nan"))
+    if weight_format == "nvfp4":
+        moe_fused.launch(hidden, (gu.packed, gu.scales, gu.global_scale), (dn.packed, dn.scales, dn.global_scale),
+                         ids, weights, out, config, _prmt(device))
+        ref = ops.moe_reference(hidden, gu, dn, ids, weights)
+    else:
+        w13, w2 = nvfp4.dequantize(gu), nvfp4.dequantize(dn)
+        moe_fused.launch(hidden, (w13, None, None), (w2, None, None), ids, weights, out, config, False)
+        ref = ops.moe_reference(hidden, gu, dn, ids, weights)
+    assert not out.isnan().any()
+    rel = (out.double() - ref.double()).norm() / ref.double().norm()
+    assert rel < 1e-2
+
+
+def test_moe_op_routes_to_few_experts_of_many(device):
+    gu, dn = _bank(64, 32, 256, device)
+    hidden = torch.randn(4, 256, dtype=torch.bfloat16, device=device)
+    ids, weights = _route(4, 64, 8, device)
+    out = ops.moe(hidden, gu, dn, ids, weights)
+    ref = ops.moe_reference(hidden, gu, dn, ids, weights)
+    assert (out.double() - ref.double()).norm() / ref.double().norm() < 1e-2
+
+
+# -- custom ops ------------------------------------------------------------------------------------
+
+
+def test_ops_trace_as_single_nodes_under_torch_compile_fullgraph():
+    q = nvfp4.quantize_reference(torch.randn(64, 128, dtype=torch.bfloat16))
+    gu, dn = _bank(4, 16, 128, torch.device("cpu"))
+    ids, weights = _route(3, 4, 2, torch.device("cpu"))
+
+    def step(x):
+        h = ops.linear(x, q, None)
+        return ops.moe(h[:, :128] if h.shape[1] >= 128 else torch.cat([h, h], dim=1), gu, dn, ids, weights)
+
+    x = torch.randn(3, 128, dtype=torch.bfloat16)
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(x), step(x))
+
+
+def test_custom_ops_pass_opcheck():
+    q = nvfp4.quantize_reference(torch.randn(32, 64, dtype=torch.bfloat16))
+    x = torch.randn(5, 64, dtype=torch.bfloat16)
+    torch.library.opcheck(torch.ops.flashrt.nvfp4_linear, (x, q.packed, q.scales, q.global_scale, None))
+    gu, dn = _bank(4, 16, 64, torch.device("cpu"))
+    ids, weights = _route(3, 4, 2, torch.device("cpu"))
+    torch.library.opcheck(torch.ops.flashrt.nvfp4_moe,
+                          (x[:3], gu.packed, gu.scales, gu.global_scale, dn.packed, dn.scales, dn.global_scale, ids, weights))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a CUDA device")
+def test_ops_record_into_a_cuda_graph():
+    q = nvfp4.quantize(torch.randn(512, 1024, dtype=torch.bfloat16, device="cuda"))
+    gu, dn = _bank(16, 64, 1024, torch.device("cuda"))
+    x = torch.randn(4, 1024, dtype=torch.bfloat16, device="cuda")
+    ids, weights = _route(4, 16, 4, torch.device("cuda"))
+    eager = ops.moe(x, gu, dn, ids, weights), ops.linear(x, q)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = ops.moe(x, gu, dn, ids, weights), ops.linear(x, q)
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(eager, captured, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+# -- bad input -------------------------------------------------------------------------------------
+
+
+def test_bad_inputs_name_the_tensor_and_the_fix():
+    q = nvfp4.quantize_reference(torch.randn(32, 64, dtype=torch.bfloat16))
+    x = torch.randn(2, 64, dtype=torch.bfloat16)
+    cases = [
+        (lambda: ops.linear(x.float(), q), "x: got dtype torch.float32"),
+        (lambda: ops.linear(x[:, :48], q), "x: got 48 features"),
+        (lambda: ops.linear(x, NVFP4Weight(q.packed.float(), q.scales, q.global_scale)), "w.packed: got dtype torch.float32"),
+        (lambda: ops.linear(x, NVFP4Weight(q.packed, q.scales[:, :2].contiguous(), q.global_scale)), "w.scales: got shape (32, 2)"),
+        (lambda: nvfp4.quantize_reference(torch.randn(8, 40)), "K = 40 is not a multiple of 16"),
+        (lambda: nvfp4.quantize_reference(torch.randn(8, 32, dtype=torch.float64)), "weight: got dtype torch.float64"),
+        (lambda: nvfp4.quantize_reference(torch.randn(32)), "weight: got rank 1"),
+        (lambda: ops.linear(x, q, torch.randn(7, dtype=torch.bfloat16)), "bias: got shape (7,)"),
+    ]
+    gu, dn = _bank(4, 16, 64, torch.device("cpu"))
+    gu_other, dn_other = _bank(4, 8, 64, torch.device("cpu"))
+    ids, weights = _route(2, 4, 2, torch.device("cpu"))
+    cases += [
+        (lambda: ops.moe(x, gu, dn_other, ids, weights), "down: got shape (4, 64, 8), need (4, 64, 16)"),
+        (lambda: ops.moe(x, gu, dn, ids.float(), weights), "topk_ids: got torch.float32"),
+        (lambda: ops.moe(x, gu, dn, ids, weights[:1]), "topk_weights: got"),
+        (lambda: ops.moe(x[None], gu, dn, ids, weights), "hidden: got rank 3"),
+    ]
+    for call, message in cases:
+        with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            call()
