@@ -73,7 +73,8 @@ def quantize_kernel(
     block_amax = tl.max(tl.abs(w), axis=2)
     scale = round_to_e4m3(tl.math.div_rn(tl.math.div_rn(block_amax, 6.0), g)).to(tl.float8e4nv)
     denom = scale.to(tl.float32) * g
-    q = tl.where(denom[:, :, None] > 0, tl.math.div_rn(w, tl.maximum(denom, 1e-38)[:, :, None]), 0.0)
+    safe = tl.where(denom > 0, denom, 1.0)
+    q = tl.where(denom[:, :, None] > 0, tl.math.div_rn(w, safe[:, :, None]), 0.0)
     mag = tl.abs(q)
     code = ((mag > 0.25).to(tl.uint8) + (mag >= 0.75).to(tl.uint8) + (mag > 1.25).to(tl.uint8)
             + (mag >= 1.75).to(tl.uint8) + (mag > 2.5).to(tl.uint8) + (mag >= 3.5).to(tl.uint8)
