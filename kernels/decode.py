@@ -26,7 +26,8 @@ import triton.language as tl
 
 # Byte tables for prmt: bf16 bits of E2M1 magnitudes 0..7 (0, .5, 1, 1.5, 2, 3, 4, 6) are
 # 0x0000 0x3F00 0x3F80 0x3FC0 0x4000 0x4040 0x4080 0x40C0.
-_PRMT_DECODE = """
+_PRMT_DECODE = tl.constexpr(
+    """
 {
 .reg .b32 lo, hi, sl, sh, t, ll, lh, hl, hh, s, g0, g1, la, lb, ha, hb, z;
 mov.b32 la, 0xC0800000;
@@ -68,6 +69,7 @@ mul.rn.bf16x2 $2, $2, $5;
 mul.rn.bf16x2 $3, $3, $6;
 }
 """
+)
 
 
 @triton.jit
