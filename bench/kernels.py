@@ -154,7 +154,8 @@ def _grouped_mm_arm(w13: torch.Tensor, w2: torch.Tensor):
         flat = ids.reshape(-1)
         order = flat.argsort()
         tokens = order // ids.shape[1]
-        offs = torch.bincount(flat, minlength=e).cumsum(0).to(torch.int32)
+        counts = torch.zeros(e, dtype=torch.int64, device=flat.device).scatter_add_(0, flat.long(), torch.ones_like(flat, dtype=torch.int64))
+        offs = counts.cumsum(0).to(torch.int32)  # bincount would sync with the host: not capturable
         h = torch._grouped_mm(x[tokens], w13_t, offs=offs)
         h = F.silu(h[:, :n]) * h[:, n:]
         y = torch._grouped_mm(h, w2_t, offs=offs) * weights.reshape(-1)[order, None]

@@ -19,14 +19,14 @@ _TOKENS = (1, 2, 4, 16, 64, 512, 2048)
 
 _LINEAR_SIG = {"x_ptr": "*bf16", "packed_ptr": "*u8", "scales_ptr": "*u8", "global_scale_ptr": "*fp32",
                "bias_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32",
-               "stride_xm": "i32", "stride_om": "i32"}
+               "stride_xm": "i32", "stride_om": "i32", "stride_wn": "i32", "stride_sn": "i32"}
 _GATE_UP_SIG = {"x_ptr": "*bf16", "packed_ptr": "*u8", "scales_ptr": "*u8", "global_scale_ptr": "*fp32",
                 "sorted_pairs_ptr": "*i32", "expert_offsets_ptr": "*i32", "expert_counts_ptr": "*i32",
                 "h_ptr": "*bf16", "N": "i32", "K": "i32", "E": "i32", "TOP_K": "i32",
-                "stride_xm": "i32", "stride_hm": "i32"}
+                "stride_xm": "i32", "stride_hm": "i32", "stride_wn": "i32", "stride_sn": "i32"}
 _DOWN_SIG = {"h_ptr": "*bf16", "packed_ptr": "*u8", "scales_ptr": "*u8", "global_scale_ptr": "*fp32",
              "topk_ids_ptr": "*i64", "topk_weights_ptr": "*bf16", "pair_rows_ptr": "*i32", "out_ptr": "*bf16",
-             "N": "i32", "K": "i32", "TOP_K": "i32", "stride_hm": "i32", "stride_om": "i32"}
+             "N": "i32", "K": "i32", "TOP_K": "i32", "stride_hm": "i32", "stride_om": "i32", "stride_wn": "i32", "stride_sn": "i32"}
 _GROUP_SIG = {"topk_ids_ptr": "*i64", "expert_offsets_ptr": "*i32", "expert_counts_ptr": "*i32",
               "sorted_pairs_ptr": "*i32", "pair_rows_ptr": "*i32", "P": "i32", "E": "i32"}
 _QUANT_SIG = {"w_ptr": "*bf16", "amax_ptr": "*fp32", "packed_ptr": "*u8", "scales_ptr": "*u8",

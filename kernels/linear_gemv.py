@@ -25,8 +25,8 @@ def nvfp4_linear_gemv_kernel(
     x_ptr, packed_ptr, scales_ptr, global_scale_ptr, bias_ptr, out_ptr,
     # dimensions
     M, N, K,
-    # strides (elements)
-    stride_xm, stride_om,
+    # strides (elements; packed rows in bytes, scale rows in scales)
+    stride_xm, stride_om, stride_wn, stride_sn,
     # meta-parameters
     HAS_BIAS: tl.constexpr, USE_PRMT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -43,15 +43,17 @@ def nvfp4_linear_gemv_kernel(
     rows = offs_n.to(tl.int64)
     x_row = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
 
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    # Products accumulate elementwise; one cross-thread reduction at the end, not per step.
+    acc3 = tl.zeros((BLOCK_M, BLOCK_N, HALF_K), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        lo, hi = load_nvfp4_halves(packed_ptr, scales_ptr, rows, n_mask, K, k0, BLOCK_N, BLOCK_K, USE_PRMT)
+        lo, hi = load_nvfp4_halves(packed_ptr, scales_ptr, rows, n_mask, K, k0, stride_wn, stride_sn, BLOCK_N, BLOCK_K, USE_PRMT)
         x_mask = m_mask[:, None] & (k0 + offs_k[None, :] < K)
         x = tl.load(x_row + k0 + offs_k[None, :], mask=x_mask, other=0.0).to(tl.float32)
         x_even, x_odd = tl.split(tl.reshape(x, (BLOCK_M, HALF_K, 2)))
         lo = lo.to(tl.float32)
         hi = hi.to(tl.float32)
-        acc += tl.sum(lo[None, :, :] * x_even[:, None, :] + hi[None, :, :] * x_odd[:, None, :], axis=2)
+        acc3 += lo[None, :, :] * x_even[:, None, :] + hi[None, :, :] * x_odd[:, None, :]
+    acc = tl.sum(acc3, axis=2)
 
     acc = acc * tl.load(global_scale_ptr)
     if HAS_BIAS:
@@ -67,7 +69,7 @@ def launch(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, global_s
     grid = (triton.cdiv(n, config["BLOCK_N"]), triton.cdiv(m, config["BLOCK_M"]))
     nvfp4_linear_gemv_kernel[grid](
         x, packed, scales.view(torch.uint8), global_scale, bias if bias is not None else out, out,
-        m, n, k, x.stride(0), out.stride(0),
+        m, n, k, x.stride(0), out.stride(0), packed.stride(0), scales.stride(0),
         HAS_BIAS=bias is not None, USE_PRMT=use_prmt,
         BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"],
         num_warps=config["num_warps"], num_stages=config["num_stages"],
@@ -85,9 +87,10 @@ def configs(m: int, n: int, k: int) -> list[dict]:
     if m > 4:
         return []
     bm = 1 if m == 1 else (2 if m == 2 else 4)
+    # The fp32 accumulator holds BLOCK_M x BLOCK_N x BLOCK_K/2 products: at most 64 a thread.
     return [
-        {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "num_stages": 1}
-        for bn in (8, 16, 32)
-        for bk in (256, 512)
-        for w in (4,)
+        {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": 4, "num_stages": 2}
+        for bn in (4, 8, 16, 32)
+        for bk in (256, 512, 1024)
+        if bm * bn * bk // 2 <= 64 * 128 and bn * bk // 2 >= 1024
     ]

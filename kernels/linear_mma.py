@@ -27,8 +27,8 @@ def nvfp4_linear_mma_kernel(
     x_ptr, packed_ptr, scales_ptr, global_scale_ptr, bias_ptr, out_ptr,
     # dimensions
     M, N, K,
-    # strides (elements)
-    stride_xm, stride_om,
+    # strides (elements; packed rows in bytes, scale rows in scales)
+    stride_xm, stride_om, stride_wn, stride_sn,
     # meta-parameters
     HAS_BIAS: tl.constexpr, USE_PRMT: tl.constexpr, INTERPRETED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -47,7 +47,7 @@ def nvfp4_linear_mma_kernel(
 
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        lo, hi = load_nvfp4_halves(packed_ptr, scales_ptr, rows, n_mask, K, k0, BLOCK_N, BLOCK_K, USE_PRMT)
+        lo, hi = load_nvfp4_halves(packed_ptr, scales_ptr, rows, n_mask, K, k0, stride_wn, stride_sn, BLOCK_N, BLOCK_K, USE_PRMT)
         x_mask = m_mask[:, None] & (k0 + offs_k[None, :] < K)
         x = tl.load(x_row + k0 + offs_k[None, :], mask=x_mask, other=0.0).to(tl.bfloat16)
         x_even, x_odd = tl.split(tl.reshape(x, (BLOCK_M, HALF_K, 2)))
@@ -69,7 +69,7 @@ def launch(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, global_s
     grid = (triton.cdiv(n, config["BLOCK_N"]), triton.cdiv(m, config["BLOCK_M"]))
     nvfp4_linear_mma_kernel[grid](
         x, packed, scales.view(torch.uint8), global_scale, bias if bias is not None else out, out,
-        m, n, k, x.stride(0), out.stride(0),
+        m, n, k, x.stride(0), out.stride(0), packed.stride(0), scales.stride(0),
         HAS_BIAS=bias is not None, USE_PRMT=use_prmt, INTERPRETED=interpreted(),
         BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"],
         num_warps=config["num_warps"], num_stages=config["num_stages"],

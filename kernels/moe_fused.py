@@ -84,8 +84,8 @@ def moe_gate_up_kernel(
     expert_counts_ptr, h_ptr,
     # dimensions
     N, K, E, TOP_K,
-    # strides (elements)
-    stride_xm, stride_hm,
+    # strides (elements; packed rows in bytes, scale rows in scales)
+    stride_xm, stride_hm, stride_wn, stride_sn,
     # meta-parameters
     WEIGHT_BF16: tl.constexpr, USE_PRMT: tl.constexpr, INTERPRETED: tl.constexpr, E_POW2: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -117,15 +117,15 @@ def moe_gate_up_kernel(
         x_even = tl.trans(x_even)
         x_odd = tl.trans(x_odd)
         if WEIGHT_BF16:
-            lo, hi = load_bf16_halves(packed_ptr, gate_rows, n_mask, K, k0, BLOCK_N, BLOCK_K)
+            lo, hi = load_bf16_halves(packed_ptr, gate_rows, n_mask, K, k0, stride_wn, BLOCK_N, BLOCK_K)
         else:
-            lo, hi = load_nvfp4_halves(packed_ptr, scales_ptr, gate_rows, n_mask, K, k0, BLOCK_N, BLOCK_K, USE_PRMT)
+            lo, hi = load_nvfp4_halves(packed_ptr, scales_ptr, gate_rows, n_mask, K, k0, stride_wn, stride_sn, BLOCK_N, BLOCK_K, USE_PRMT)
         acc_gate = dot(lo, x_even, acc_gate, INTERPRETED)
         acc_gate = dot(hi, x_odd, acc_gate, INTERPRETED)
         if WEIGHT_BF16:
-            lo, hi = load_bf16_halves(packed_ptr, up_rows, n_mask, K, k0, BLOCK_N, BLOCK_K)
+            lo, hi = load_bf16_halves(packed_ptr, up_rows, n_mask, K, k0, stride_wn, BLOCK_N, BLOCK_K)
         else:
-            lo, hi = load_nvfp4_halves(packed_ptr, scales_ptr, up_rows, n_mask, K, k0, BLOCK_N, BLOCK_K, USE_PRMT)
+            lo, hi = load_nvfp4_halves(packed_ptr, scales_ptr, up_rows, n_mask, K, k0, stride_wn, stride_sn, BLOCK_N, BLOCK_K, USE_PRMT)
         acc_up = dot(lo, x_even, acc_up, INTERPRETED)
         acc_up = dot(hi, x_odd, acc_up, INTERPRETED)
 
@@ -143,8 +143,8 @@ def moe_down_kernel(
     pair_rows_ptr, out_ptr,
     # dimensions
     N, K, TOP_K,
-    # strides (elements)
-    stride_hm, stride_om,
+    # strides (elements; packed rows in bytes, scale rows in scales)
+    stride_hm, stride_om, stride_wn, stride_sn,
     # meta-parameters
     WEIGHT_BF16: tl.constexpr, USE_PRMT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
@@ -157,23 +157,24 @@ def moe_down_kernel(
     n_mask = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
 
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, HALF_K), dtype=tl.float32)  # reduced across threads once, at the end
     for j in range(0, TOP_K):
         pair = token * TOP_K + j
         expert = tl.load(topk_ids_ptr + pair).to(tl.int64)
         weight = tl.load(topk_weights_ptr + pair).to(tl.float32)
         h_row = h_ptr + tl.load(pair_rows_ptr + pair).to(tl.int64) * stride_hm
         w_rows = expert * N + offs_n.to(tl.int64)
-        part = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        part = tl.zeros((BLOCK_N, HALF_K), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             if WEIGHT_BF16:
-                lo, hi = load_bf16_halves(packed_ptr, w_rows, n_mask, K, k0, BLOCK_N, BLOCK_K)
+                lo, hi = load_bf16_halves(packed_ptr, w_rows, n_mask, K, k0, stride_wn, BLOCK_N, BLOCK_K)
             else:
-                lo, hi = load_nvfp4_halves(packed_ptr, scales_ptr, w_rows, n_mask, K, k0, BLOCK_N, BLOCK_K, USE_PRMT)
+                lo, hi = load_nvfp4_halves(packed_ptr, scales_ptr, w_rows, n_mask, K, k0, stride_wn, stride_sn, BLOCK_N, BLOCK_K, USE_PRMT)
             h = tl.load(h_row + k0 + offs_k, mask=k0 + offs_k < K, other=0.0).to(tl.float32)
             h_even, h_odd = tl.split(tl.reshape(h, (HALF_K, 2)))
-            part += tl.sum(lo.to(tl.float32) * h_even[None, :] + hi.to(tl.float32) * h_odd[None, :], axis=1)
+            part += lo.to(tl.float32) * h_even[None, :] + hi.to(tl.float32) * h_odd[None, :]
         acc += part * (weight * tl.load(global_scale_ptr + expert))
+    acc = tl.sum(acc, axis=1)
     out = out_ptr + token.to(tl.int64) * stride_om + offs_n
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
 
@@ -192,7 +193,7 @@ def launch(hidden: torch.Tensor, gate_up: tuple, down: tuple, topk_ids: torch.Te
     dn_packed, dn_scales, dn_global = down
     weight_bf16 = gu_scales is None
     if weight_bf16:
-        gu_scales = dn_scales = gu_packed.new_empty(0, dtype=torch.uint8)
+        gu_scales = dn_scales = gu_packed.new_empty(0, dtype=torch.uint8)  # never read
         gu_global = dn_global = torch.ones(gu_packed.shape[0], dtype=torch.float32, device=hidden.device)
     e, two_n, _ = gu_packed.shape
     n = two_n // 2
@@ -215,13 +216,13 @@ def launch(hidden: torch.Tensor, gate_up: tuple, down: tuple, topk_ids: torch.Te
     )
     moe_gate_up_kernel[(rows // block_m, triton.cdiv(n, config["BLOCK_N"]))](
         hidden, gu_packed, gu_scales.view(torch.uint8), gu_global, sorted_pairs, expert_offsets, expert_counts, h,
-        n, k, e, top_k, hidden.stride(0), h.stride(0),
+        n, k, e, top_k, hidden.stride(0), h.stride(0), gu_packed.stride(1), gu_scales.stride(1) if not weight_bf16 else 0,
         WEIGHT_BF16=weight_bf16, USE_PRMT=use_prmt, INTERPRETED=interpreted(), E_POW2=e_pow2, BLOCK_M=block_m, BLOCK_N=config["BLOCK_N"],
         BLOCK_K=config["BLOCK_K"], num_warps=config["num_warps"], num_stages=config["num_stages"],
     )
     moe_down_kernel[(t, triton.cdiv(k, config["DOWN_BLOCK_N"]))](
         h, dn_packed, dn_scales.view(torch.uint8), dn_global, topk_flat, topk_weights.reshape(-1), pair_rows, out,
-        k, n, top_k, h.stride(0), out.stride(0),
+        k, n, top_k, h.stride(0), out.stride(0), dn_packed.stride(1), dn_scales.stride(1) if not weight_bf16 else 0,
         WEIGHT_BF16=weight_bf16, USE_PRMT=use_prmt, BLOCK_N=config["DOWN_BLOCK_N"], BLOCK_K=config["DOWN_BLOCK_K"],
         num_warps=config["down_num_warps"], num_stages=1,
     )
@@ -241,6 +242,5 @@ def configs(t: int, n: int, k: int) -> list[dict]:
         {"BLOCK_M": block_m, "BLOCK_N": bn, "BLOCK_K": 128, "num_warps": 4, "num_stages": 3,
          "DOWN_BLOCK_N": dbn, "DOWN_BLOCK_K": dbk, "down_num_warps": 4}
         for bn in (32, 64)
-        for dbn in (16, 32)
-        for dbk in (256,)
+        for dbn, dbk in ((16, 256), (8, 512), (32, 128))
     ]
