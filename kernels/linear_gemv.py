@@ -89,8 +89,9 @@ def configs(m: int, n: int, k: int) -> list[dict]:
     bm = 1 if m == 1 else (2 if m == 2 else 4)
     # The fp32 accumulator holds BLOCK_M x BLOCK_N x BLOCK_K/2 products: at most 64 a thread.
     return [
-        {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": 4, "num_stages": 2}
-        for bn in (4, 8, 16, 32)
+        {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "num_stages": 2}
+        for bn in (4, 8, 16, 32, 64)
         for bk in (256, 512, 1024)
-        if bm * bn * bk // 2 <= 64 * 128 and bn * bk // 2 >= 1024
+        for w in (4, 8)
+        if bm * bn * bk // 2 <= 64 * 32 * w and bn * bk // 2 >= 256 * w
     ]
