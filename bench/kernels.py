@@ -266,24 +266,29 @@ def main(argv: list[str] | None = None) -> int:
     bw = copy_bandwidth_tbps()
     result["copy_TBps"] = bw
     print(f"{result['device']} ({result['capability']}), torch {result['torch']}, triton {result['triton']}, copy {bw:.2f} TB/s", flush=True)
-    rows = []
+    gpu = result["device"].lower().replace("nvidia ", "").replace(" ", "-")
+    out = Path(args.out or Path(__file__).resolve().parent / "results" / f"{gpu}-kernels.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows = result["rows"] = []
+
+    def save() -> None:  # after every shape: a run cut short still leaves its figures
+        result["summary"] = summarize(rows)
+        out.write_text(json.dumps(result, indent=1))
+
     if "quantize" in parts:
         rows += bench_quantize()
+        save()
     if "linear" in parts:
         for name, n, k in LINEAR_SHAPES:
             rows += bench_linear(name, n, k, tokens, bw)
+            save()
             torch.cuda.empty_cache()
     if "moe" in parts:
         for name, e, top_k, hidden, inter in MOE_SHAPES:
             rows += bench_moe(name, e, top_k, hidden, inter, moe_tokens, bw)
+            save()
             torch.cuda.empty_cache()
-    result["rows"] = rows
-    result["summary"] = summarize(rows)
     print(json.dumps(result["summary"], indent=1))
-    gpu = result["device"].lower().replace("nvidia ", "").replace(" ", "-")
-    out = Path(args.out or Path(__file__).resolve().parent / "results" / f"{gpu}-kernels.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
     print(f"wrote {out}")
     return 0
 
@@ -298,6 +303,9 @@ def summarize(rows: list[dict]) -> dict:
         if ratios:
             summary[f"linear_M{m}_geomean_vs_bf16"] = math.exp(sum(map(math.log, ratios)) / len(ratios))
         summary[f"linear_M{m}_min_vs_bf16"] = min(r["speedup_vs_bf16"] for r in lin if r["M"] == m)
+    for r in rows:
+        if r["op"] == "quantize" and "seconds" in r:
+            summary["quantize_60GB_seconds"] = r["seconds"]
     for r in rows:
         if r["op"] == "moe":
             summary[f"moe_{r['name']}_T{r['M']}_us"] = r["ours_us"]
