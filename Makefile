@@ -26,7 +26,7 @@ lint: setup
 	$(BIN)/ruff format --check .
 
 test: setup lint
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
 from flashrt.bench.timing import copies_for, copy_bandwidth_tbps, eager_us, graph_us
 from flashrt.kernels import moe_fused, nvfp4, ops
 from flashrt.kernels.nvfp4 import NVFP4Weight
@@ -94,7 +93,9 @@ def bench_linear(name: str, n: int, k: int, tokens: list[int], bw: float) -> lis
     w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
     q = nvfp4.quantize(w)
     qbytes = q.nbytes
-    q_copies = [q] + [NVFP4Weight(q.packed.clone(), q.scales.clone(), q.global_scale.clone()) for _ in range(copies_for(qbytes) - 1)]
+    q_copies = [q] + [
+        NVFP4Weight(q.packed.clone(), q.scales.clone(), q.global_scale.clone()) for _ in range(copies_for(qbytes) - 1)
+    ]
     w_copies = [w] + [w.clone() for _ in range(copies_for(w.numel() * 2) - 1)]
     arms_other = {}
     for arm, make in (("fp8", _fp8_arm), ("int4", _int4_arm)):
@@ -107,8 +108,15 @@ def bench_linear(name: str, n: int, k: int, tokens: list[int], bw: float) -> lis
         x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
         out = ops.linear(x, q)  # tunes this shape once
         err = _rel_err(out, ops.linear_reference(x, q))
-        row = {"op": "linear", "name": name, "N": n, "K": k, "M": m, "rel_err": err,
-               "form": ops.choose_linear(x, q.packed, q.scales, q.global_scale, None).name}
+        row = {
+            "op": "linear",
+            "name": name,
+            "N": n,
+            "K": k,
+            "M": m,
+            "rel_err": err,
+            "form": ops.choose_linear(x, q.packed, q.scales, q.global_scale, None).name,
+        }
         row["ours_us"] = graph_us([lambda qc=qc: ops.linear(x, qc) for qc in q_copies])
         row["bf16_us"] = graph_us([lambda wc=wc: F.linear(x, wc) for wc in w_copies])
         if "fp8" in arms_other:
@@ -128,9 +136,12 @@ def bench_linear(name: str, n: int, k: int, tokens: list[int], bw: float) -> lis
         row["bandwidth_frac"] = qbytes / (row["ours_us"] * 1e-6) / (bw * 1e12)
         row["speedup_vs_bf16"] = row["bf16_us"] / row["ours_us"]
         rows.append(row)
-        print(f"  linear {name:22s} M={m:5d} ours {row['ours_us']:8.2f} us  bf16 {row['bf16_us']:8.2f}  "
-              f"fp8 {row.get('fp8_us') or float('nan'):8.2f}  int4 {row.get('int4_us') or float('nan'):8.2f}  "
-              f"x{row['speedup_vs_bf16']:.2f}  bw {row['bandwidth_frac']:.2f}  err {err:.1e}  {row['form']}", flush=True)
+        print(
+            f"  linear {name:22s} M={m:5d} ours {row['ours_us']:8.2f} us  bf16 {row['bf16_us']:8.2f}  "
+            f"fp8 {row.get('fp8_us') or float('nan'):8.2f}  int4 {row.get('int4_us') or float('nan'):8.2f}  "
+            f"x{row['speedup_vs_bf16']:.2f}  bw {row['bandwidth_frac']:.2f}  err {err:.1e}  {row['form']}",
+            flush=True,
+        )
     return rows
 
 
@@ -154,7 +165,9 @@ def _grouped_mm_arm(w13: torch.Tensor, w2: torch.Tensor):
         flat = ids.reshape(-1)
         order = flat.argsort()
         tokens = order // ids.shape[1]
-        counts = torch.zeros(e, dtype=torch.int64, device=flat.device).scatter_add_(0, flat.long(), torch.ones_like(flat, dtype=torch.int64))
+        counts = torch.zeros(e, dtype=torch.int64, device=flat.device).scatter_add_(
+            0, flat.long(), torch.ones_like(flat, dtype=torch.int64)
+        )
         offs = counts.cumsum(0).to(torch.int32)  # bincount would sync with the host: not capturable
         h = torch._grouped_mm(x[tokens], w13_t, offs=offs)
         h = F.silu(h[:, :n]) * h[:, n:]
@@ -183,8 +196,13 @@ def bench_moe(name: str, e: int, top_k: int, hidden: int, inter: int, tokens: li
     w13 = torch.randn(e, 2 * inter, hidden, dtype=torch.bfloat16, device="cuda") * 0.02
     w2 = torch.randn(e, hidden, inter, dtype=torch.bfloat16, device="cuda") * 0.02
     gu, dn = nvfp4.quantize(w13), nvfp4.quantize(w2)
-    banks_q = [(gu, dn), (NVFP4Weight(gu.packed.clone(), gu.scales.clone(), gu.global_scale.clone()),
-                          NVFP4Weight(dn.packed.clone(), dn.scales.clone(), dn.global_scale.clone()))]
+    banks_q = [
+        (gu, dn),
+        (
+            NVFP4Weight(gu.packed.clone(), gu.scales.clone(), gu.global_scale.clone()),
+            NVFP4Weight(dn.packed.clone(), dn.scales.clone(), dn.global_scale.clone()),
+        ),
+    ]
     banks_b = [(w13, w2), (w13.clone(), w2.clone())]
     per_expert_q = (gu.nbytes + dn.nbytes) / e
     grouped = [_grouped_mm_arm(a, b) for a, b in banks_b]
@@ -201,15 +219,30 @@ def bench_moe(name: str, e: int, top_k: int, hidden: int, inter: int, tokens: li
         ours = graph_us([lambda b=b, r=r: ops.moe(x, b[0], b[1], r[0], r[1]) for b, r in calls])
         best_bf16 = None
         for cfg in moe_fused.configs(t, inter, hidden):
+
             def bf16_call(b, r, cfg=cfg):
                 out = torch.empty_like(x)
                 return moe_fused.launch(x, (b[0], None, None), (b[1], None, None), r[0], r[1], out, cfg, False)
+
             us = graph_us([lambda b=banks_b[i % 2], r=routings[i]: bf16_call(b, r) for i in range(8)], replays=7)
             best_bf16 = us if best_bf16 is None else min(best_bf16, us)
-        row = {"op": "moe", "name": name, "E": e, "top_k": top_k, "N": inter, "K": hidden, "M": t,
-               "routed_experts": routed, "rel_err": err, "ours_us": ours, "bf16_us": best_bf16}
+        row = {
+            "op": "moe",
+            "name": name,
+            "E": e,
+            "top_k": top_k,
+            "N": inter,
+            "K": hidden,
+            "M": t,
+            "routed_experts": routed,
+            "rel_err": err,
+            "ours_us": ours,
+            "bf16_us": best_bf16,
+        }
         try:
-            row["grouped_mm_us"] = graph_us([lambda g=grouped[i % 2], r=routings[i]: g(x, r[0], r[1]) for i in range(8)])
+            row["grouped_mm_us"] = graph_us(
+                [lambda g=grouped[i % 2], r=routings[i]: g(x, r[0], r[1]) for i in range(8)]
+            )
         except Exception as exc:
             row["grouped_mm_us"] = None
             row["grouped_mm_error"] = f"{type(exc).__name__}: {str(exc)[:120]}"
@@ -218,9 +251,12 @@ def bench_moe(name: str, e: int, top_k: int, hidden: int, inter: int, tokens: li
         row["bandwidth_frac"] = row["routed_bytes"] / (ours * 1e-6) / (bw * 1e12)
         row["speedup_vs_bf16"] = best_bf16 / ours
         rows.append(row)
-        print(f"  moe {name:16s} T={t:4d} experts {routed:6.1f} ours {ours:8.2f} us  bf16-fused {best_bf16:8.2f}  "
-              f"grouped_mm {row['grouped_mm_us'] or float('nan'):8.2f}  loop {row['loop_us']:8.2f}  "
-              f"x{row['speedup_vs_bf16']:.2f}  bw {row['bandwidth_frac']:.2f}  err {err:.1e}", flush=True)
+        print(
+            f"  moe {name:16s} T={t:4d} experts {routed:6.1f} ours {ours:8.2f} us  bf16-fused {best_bf16:8.2f}  "
+            f"grouped_mm {row['grouped_mm_us'] or float('nan'):8.2f}  loop {row['loop_us']:8.2f}  "
+            f"x{row['speedup_vs_bf16']:.2f}  bw {row['bandwidth_frac']:.2f}  err {err:.1e}",
+            flush=True,
+        )
     return rows
 
 
@@ -230,22 +266,48 @@ def bench_moe(name: str, e: int, top_k: int, hidden: int, inter: int, tokens: li
 def bench_quantize() -> list[dict]:
     """Throughput on bf16 input; the 60 GB figure assumes Qwen3-30B-A3B's mix (97% expert banks)."""
     rows = []
-    for name, shape in (("expert_bank_gate_up", (128, 1536, 2048)), ("expert_bank_down", (128, 2048, 768)),
-                        ("dense_gate_up", (28672, 4096))):
+    for name, shape in (
+        ("expert_bank_gate_up", (128, 1536, 2048)),
+        ("expert_bank_down", (128, 2048, 768)),
+        ("dense_gate_up", (28672, 4096)),
+    ):
         w = torch.randn(*shape, dtype=torch.bfloat16, device="cuda")
         ref = nvfp4.quantize_reference(w[:2] if w.dim() == 3 else w[:256])
         got = nvfp4.quantize(w[:2] if w.dim() == 3 else w[:256])
-        exact = torch.equal(ref.packed, got.packed) and torch.equal(ref.scales.view(torch.uint8), got.scales.view(torch.uint8))
+        exact = torch.equal(ref.packed, got.packed) and torch.equal(
+            ref.scales.view(torch.uint8), got.scales.view(torch.uint8)
+        )
         us = eager_us([lambda: nvfp4.quantize(w)], replays=5)
         gbps = w.numel() * 2 / (us * 1e-6) / 1e9
-        rows.append({"op": "quantize", "name": name, "shape": list(shape), "us": us, "bf16_GBps": gbps, "matches_reference": exact})
-        print(f"  quantize {name:20s} {list(shape)} {us / 1e3:8.2f} ms  {gbps:8.1f} GB/s of bf16  exact={exact}", flush=True)
+        rows.append(
+            {
+                "op": "quantize",
+                "name": name,
+                "shape": list(shape),
+                "us": us,
+                "bf16_GBps": gbps,
+                "matches_reference": exact,
+            }
+        )
+        print(
+            f"  quantize {name:20s} {list(shape)} {us / 1e3:8.2f} ms  {gbps:8.1f} GB/s of bf16  exact={exact}",
+            flush=True,
+        )
     bank = [r for r in rows if r["name"].startswith("expert")]
-    bank_gbps = sum(r["shape"][0] * r["shape"][1] * r["shape"][2] * 2 for r in bank) / sum(r["us"] * 1e-6 for r in bank) / 1e9
+    bank_gbps = (
+        sum(r["shape"][0] * r["shape"][1] * r["shape"][2] * 2 for r in bank) / sum(r["us"] * 1e-6 for r in bank) / 1e9
+    )
     dense_gbps = rows[-1]["bf16_GBps"]
     seconds_60gb = 60 * 0.97 / bank_gbps + 60 * 0.03 / dense_gbps
-    rows.append({"op": "quantize", "name": "60GB_qwen3_30b_mix_seconds", "seconds": seconds_60gb,
-                 "bank_GBps": bank_gbps, "dense_GBps": dense_gbps})
+    rows.append(
+        {
+            "op": "quantize",
+            "name": "60GB_qwen3_30b_mix_seconds",
+            "seconds": seconds_60gb,
+            "bank_GBps": bank_gbps,
+            "dense_GBps": dense_gbps,
+        }
+    )
     print(f"  quantize 60 GB (Qwen3-30B-A3B mix): {seconds_60gb:.1f} s", flush=True)
     return rows
 
@@ -265,7 +327,10 @@ def main(argv: list[str] | None = None) -> int:
     result = provenance()
     bw = copy_bandwidth_tbps()
     result["copy_TBps"] = bw
-    print(f"{result['device']} ({result['capability']}), torch {result['torch']}, triton {result['triton']}, copy {bw:.2f} TB/s", flush=True)
+    print(
+        f"{result['device']} ({result['capability']}), torch {result['torch']}, triton {result['triton']}, copy {bw:.2f} TB/s",
+        flush=True,
+    )
     gpu = result["device"].lower().replace("nvidia ", "").replace(" ", "-")
     out = Path(args.out or Path(__file__).resolve().parent / "results" / f"{gpu}-kernels.json")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -17,20 +17,74 @@ TARGETS = (90, 100, 110, 120)
 # Token counts whose configs span every BLOCK_M a form can choose.
 _TOKENS = (1, 2, 4, 16, 64, 512, 2048)
 
-_LINEAR_SIG = {"x_ptr": "*bf16", "packed_ptr": "*u8", "scales_ptr": "*u8", "global_scale_ptr": "*fp32",
-               "bias_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32",
-               "stride_xm": "i32", "stride_om": "i32", "stride_wn": "i32", "stride_sn": "i32"}
-_GATE_UP_SIG = {"x_ptr": "*bf16", "packed_ptr": "*u8", "scales_ptr": "*u8", "global_scale_ptr": "*fp32",
-                "sorted_pairs_ptr": "*i32", "expert_offsets_ptr": "*i32", "expert_counts_ptr": "*i32",
-                "h_ptr": "*bf16", "N": "i32", "K": "i32", "E": "i32", "TOP_K": "i32",
-                "stride_xm": "i32", "stride_hm": "i32", "stride_wn": "i32", "stride_sn": "i32"}
-_DOWN_SIG = {"h_ptr": "*bf16", "packed_ptr": "*u8", "scales_ptr": "*u8", "global_scale_ptr": "*fp32",
-             "topk_ids_ptr": "*i64", "topk_weights_ptr": "*bf16", "pair_rows_ptr": "*i32", "out_ptr": "*bf16",
-             "N": "i32", "K": "i32", "TOP_K": "i32", "stride_hm": "i32", "stride_om": "i32", "stride_wn": "i32", "stride_sn": "i32"}
-_GROUP_SIG = {"topk_ids_ptr": "*i64", "expert_offsets_ptr": "*i32", "expert_counts_ptr": "*i32",
-              "sorted_pairs_ptr": "*i32", "pair_rows_ptr": "*i32", "P": "i32", "E": "i32"}
-_QUANT_SIG = {"w_ptr": "*bf16", "amax_ptr": "*fp32", "packed_ptr": "*u8", "scales_ptr": "*u8",
-              "global_scale_ptr": "*fp32", "N": "i32", "K": "i32"}
+_LINEAR_SIG = {
+    "x_ptr": "*bf16",
+    "packed_ptr": "*u8",
+    "scales_ptr": "*u8",
+    "global_scale_ptr": "*fp32",
+    "bias_ptr": "*bf16",
+    "out_ptr": "*bf16",
+    "M": "i32",
+    "N": "i32",
+    "K": "i32",
+    "stride_xm": "i32",
+    "stride_om": "i32",
+    "stride_wn": "i32",
+    "stride_sn": "i32",
+}
+_GATE_UP_SIG = {
+    "x_ptr": "*bf16",
+    "packed_ptr": "*u8",
+    "scales_ptr": "*u8",
+    "global_scale_ptr": "*fp32",
+    "sorted_pairs_ptr": "*i32",
+    "expert_offsets_ptr": "*i32",
+    "expert_counts_ptr": "*i32",
+    "h_ptr": "*bf16",
+    "N": "i32",
+    "K": "i32",
+    "E": "i32",
+    "TOP_K": "i32",
+    "stride_xm": "i32",
+    "stride_hm": "i32",
+    "stride_wn": "i32",
+    "stride_sn": "i32",
+}
+_DOWN_SIG = {
+    "h_ptr": "*bf16",
+    "packed_ptr": "*u8",
+    "scales_ptr": "*u8",
+    "global_scale_ptr": "*fp32",
+    "topk_ids_ptr": "*i64",
+    "topk_weights_ptr": "*bf16",
+    "pair_rows_ptr": "*i32",
+    "out_ptr": "*bf16",
+    "N": "i32",
+    "K": "i32",
+    "TOP_K": "i32",
+    "stride_hm": "i32",
+    "stride_om": "i32",
+    "stride_wn": "i32",
+    "stride_sn": "i32",
+}
+_GROUP_SIG = {
+    "topk_ids_ptr": "*i64",
+    "expert_offsets_ptr": "*i32",
+    "expert_counts_ptr": "*i32",
+    "sorted_pairs_ptr": "*i32",
+    "pair_rows_ptr": "*i32",
+    "P": "i32",
+    "E": "i32",
+}
+_QUANT_SIG = {
+    "w_ptr": "*bf16",
+    "amax_ptr": "*fp32",
+    "packed_ptr": "*u8",
+    "scales_ptr": "*u8",
+    "global_scale_ptr": "*fp32",
+    "N": "i32",
+    "K": "i32",
+}
 
 
 @dataclass(frozen=True)
@@ -57,33 +111,85 @@ def builds() -> Iterator[Build]:
             yield b
 
     for m in _TOKENS:
-        for form, mod, fn in (("gemv", linear_gemv, linear_gemv.nvfp4_linear_gemv_kernel),
-                              ("mma", linear_mma, linear_mma.nvfp4_linear_mma_kernel)):
+        for form, mod, fn in (
+            ("gemv", linear_gemv, linear_gemv.nvfp4_linear_gemv_kernel),
+            ("mma", linear_mma, linear_mma.nvfp4_linear_mma_kernel),
+        ):
             for cfg in mod.configs(m, 4096, 4096):
-                consts = {"HAS_BIAS": False, "USE_PRMT": True, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"],
-                          "BLOCK_K": cfg["BLOCK_K"]}
+                consts = {
+                    "HAS_BIAS": False,
+                    "USE_PRMT": True,
+                    "BLOCK_M": cfg["BLOCK_M"],
+                    "BLOCK_N": cfg["BLOCK_N"],
+                    "BLOCK_K": cfg["BLOCK_K"],
+                }
                 if form == "mma":
                     consts["INTERPRETED"] = False
-                yield from unique(Build(f"linear_{form}", fn, _with_constexprs(_LINEAR_SIG, consts), consts,
-                                        cfg["num_warps"], cfg["num_stages"]))
+                yield from unique(
+                    Build(
+                        f"linear_{form}",
+                        fn,
+                        _with_constexprs(_LINEAR_SIG, consts),
+                        consts,
+                        cfg["num_warps"],
+                        cfg["num_stages"],
+                    )
+                )
     for t in _TOKENS:
         for cfg in moe_fused.configs(t, 768, 2048):
             for weight_bf16 in (False, True):
-                consts = {"WEIGHT_BF16": weight_bf16, "USE_PRMT": True, "INTERPRETED": False, "E_POW2": 128,
-                          "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"], "BLOCK_K": cfg["BLOCK_K"]}
-                yield from unique(Build("moe_gate_up", moe_fused.moe_gate_up_kernel, _with_constexprs(_GATE_UP_SIG, consts),
-                                        consts, cfg["num_warps"], cfg["num_stages"]))
-                consts = {"WEIGHT_BF16": weight_bf16, "USE_PRMT": True, "BLOCK_N": cfg["DOWN_BLOCK_N"],
-                          "BLOCK_K": cfg["DOWN_BLOCK_K"]}
-                yield from unique(Build("moe_down", moe_fused.moe_down_kernel, _with_constexprs(_DOWN_SIG, consts),
-                                        consts, cfg["down_num_warps"], 1))
+                consts = {
+                    "WEIGHT_BF16": weight_bf16,
+                    "USE_PRMT": True,
+                    "INTERPRETED": False,
+                    "E_POW2": 128,
+                    "BLOCK_M": cfg["BLOCK_M"],
+                    "BLOCK_N": cfg["BLOCK_N"],
+                    "BLOCK_K": cfg["BLOCK_K"],
+                }
+                yield from unique(
+                    Build(
+                        "moe_gate_up",
+                        moe_fused.moe_gate_up_kernel,
+                        _with_constexprs(_GATE_UP_SIG, consts),
+                        consts,
+                        cfg["num_warps"],
+                        cfg["num_stages"],
+                    )
+                )
+                consts = {
+                    "WEIGHT_BF16": weight_bf16,
+                    "USE_PRMT": True,
+                    "BLOCK_N": cfg["DOWN_BLOCK_N"],
+                    "BLOCK_K": cfg["DOWN_BLOCK_K"],
+                }
+                yield from unique(
+                    Build(
+                        "moe_down",
+                        moe_fused.moe_down_kernel,
+                        _with_constexprs(_DOWN_SIG, consts),
+                        consts,
+                        cfg["down_num_warps"],
+                        1,
+                    )
+                )
             consts = {"E_POW2": 128, "BLOCK_PAIRS": moe_fused.GROUP_PAIRS, "BLOCK_M": cfg["BLOCK_M"]}
-            yield from unique(Build("moe_group", moe_fused.moe_group_kernel, _with_constexprs(_GROUP_SIG, consts), consts, 4, 1))
+            yield from unique(
+                Build("moe_group", moe_fused.moe_group_kernel, _with_constexprs(_GROUP_SIG, consts), consts, 4, 1)
+            )
     consts = {"BLOCK_ROWS": 16, "BLOCK_GROUPS": 16}
     yield from unique(Build("quantize", quantizer.quantize_kernel, _with_constexprs(_QUANT_SIG, consts), consts, 4, 1))
     consts = {"BLOCK": quantizer.AMAX_BLOCK}
-    yield from unique(Build("amax", quantizer.amax_kernel, {"w_ptr": "*bf16", "amax_ptr": "*fp32", "numel": "i32", "BLOCK": "constexpr"},
-                            consts, 8, 1))
+    yield from unique(
+        Build(
+            "amax",
+            quantizer.amax_kernel,
+            {"w_ptr": "*bf16", "amax_ptr": "*fp32", "numel": "i32", "BLOCK": "constexpr"},
+            consts,
+            8,
+            1,
+        )
+    )
 
 
 def compile_for(build: Build, arch: int):
@@ -92,5 +198,34 @@ def compile_for(build: Build, arch: int):
     from triton.backends.compiler import GPUTarget
 
     src = triton.compiler.ASTSource(fn=build.fn, signature=build.signature, constexprs=build.constexprs)
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                          options={"num_warps": build.num_warps, "num_stages": build.num_stages})
+    return triton.compile(
+        src, target=GPUTarget("cuda", arch, 32), options={"num_warps": build.num_warps, "num_stages": build.num_stages}
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m flashrt.kernels.build [ARCH ...]``: build everything, print each failure."""
+    import os
+    import sys
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("unset TRITON_INTERPRET: the interpreter does not compile")
+        return 2
+    archs = [int(a) for a in (argv if argv is not None else sys.argv[1:])] or list(TARGETS)
+    failures = 0
+    for arch in archs:
+        count = 0
+        for b in builds():
+            count += 1
+            try:
+                if not compile_for(b, arch).asm["cubin"]:
+                    raise RuntimeError("empty cubin")
+            except Exception as exc:
+                failures += 1
+                print(f"sm_{arch} {b.name} {b.constexprs} warps={b.num_warps}: {type(exc).__name__}: {str(exc)[-400:]}")
+        print(f"sm_{arch}: {count} builds")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

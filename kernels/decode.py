@@ -119,8 +119,19 @@ def decode(packed, scale, USE_PRMT: tl.constexpr):
 
 
 @triton.jit
-def load_nvfp4_halves(packed_ptr, scales_ptr, rows, n_mask, K, k0, stride_wn, stride_sn,
-                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PRMT: tl.constexpr):
+def load_nvfp4_halves(
+    packed_ptr,
+    scales_ptr,
+    rows,
+    n_mask,
+    K,
+    k0,
+    stride_wn,
+    stride_sn,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    USE_PRMT: tl.constexpr,
+):
     """(even-k, odd-k) bf16 tiles ``[BLOCK_N, BLOCK_K/2]`` of NVFP4 weight ``rows`` (int64) at ``k0``.
 
     The strides are kernel arguments, not ``K // 2``: Triton specializes arguments divisible by
@@ -130,11 +141,17 @@ def load_nvfp4_halves(packed_ptr, scales_ptr, rows, n_mask, K, k0, stride_wn, st
     HALF_K: tl.constexpr = BLOCK_K // 2
     GROUPS: tl.constexpr = BLOCK_K // 16
     byte = k0 // 2 + tl.max_contiguous(tl.multiple_of(tl.arange(0, HALF_K), HALF_K), HALF_K)
-    packed = tl.load(packed_ptr + rows[:, None] * stride_wn + byte[None, :],
-                     mask=n_mask[:, None] & (byte[None, :] < K // 2), other=0)
+    packed = tl.load(
+        packed_ptr + rows[:, None] * stride_wn + byte[None, :], mask=n_mask[:, None] & (byte[None, :] < K // 2), other=0
+    )
     group = k0 // 16 + tl.arange(0, GROUPS)
-    scale = e4m3_to_bf16(tl.load(scales_ptr + rows[:, None] * stride_sn + group[None, :],
-                                 mask=n_mask[:, None] & (group[None, :] < K // 16), other=0))
+    scale = e4m3_to_bf16(
+        tl.load(
+            scales_ptr + rows[:, None] * stride_sn + group[None, :],
+            mask=n_mask[:, None] & (group[None, :] < K // 16),
+            other=0,
+        )
+    )
     scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (BLOCK_N, GROUPS, 8)), (BLOCK_N, HALF_K))
     return decode(packed, scale, USE_PRMT)
 
@@ -143,7 +160,9 @@ def load_nvfp4_halves(packed_ptr, scales_ptr, rows, n_mask, K, k0, stride_wn, st
 def load_bf16_halves(w_ptr, rows, n_mask, K, k0, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """The same tiles from a bf16 weight: the baseline arm of the benchmark, same kernel design."""
     offs_k = k0 + tl.arange(0, BLOCK_K)
-    w = tl.load(w_ptr + rows[:, None] * stride_wn + offs_k[None, :], mask=n_mask[:, None] & (offs_k[None, :] < K), other=0.0)
+    w = tl.load(
+        w_ptr + rows[:, None] * stride_wn + offs_k[None, :], mask=n_mask[:, None] & (offs_k[None, :] < K), other=0.0
+    )
     return tl.split(tl.reshape(w.to(tl.bfloat16), (BLOCK_N, BLOCK_K // 2, 2)))
 
 

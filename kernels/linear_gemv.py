@@ -15,21 +15,33 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
 from flashrt.kernels.decode import load_nvfp4_halves
 
 
 @triton.jit
 def nvfp4_linear_gemv_kernel(
     # pointers
-    x_ptr, packed_ptr, scales_ptr, global_scale_ptr, bias_ptr, out_ptr,
+    x_ptr,
+    packed_ptr,
+    scales_ptr,
+    global_scale_ptr,
+    bias_ptr,
+    out_ptr,
     # dimensions
-    M, N, K,
+    M,
+    N,
+    K,
     # strides (elements; packed rows in bytes, scale rows in scales)
-    stride_xm, stride_om, stride_wn, stride_sn,
+    stride_xm,
+    stride_om,
+    stride_wn,
+    stride_sn,
     # meta-parameters
-    HAS_BIAS: tl.constexpr, USE_PRMT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    USE_PRMT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -46,7 +58,9 @@ def nvfp4_linear_gemv_kernel(
     # Products accumulate elementwise; one cross-thread reduction at the end, not per step.
     acc3 = tl.zeros((BLOCK_M, BLOCK_N, HALF_K), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        lo, hi = load_nvfp4_halves(packed_ptr, scales_ptr, rows, n_mask, K, k0, stride_wn, stride_sn, BLOCK_N, BLOCK_K, USE_PRMT)
+        lo, hi = load_nvfp4_halves(
+            packed_ptr, scales_ptr, rows, n_mask, K, k0, stride_wn, stride_sn, BLOCK_N, BLOCK_K, USE_PRMT
+        )
         x_mask = m_mask[:, None] & (k0 + offs_k[None, :] < K)
         x = tl.load(x_row + k0 + offs_k[None, :], mask=x_mask, other=0.0).to(tl.float32)
         x_even, x_odd = tl.split(tl.reshape(x, (BLOCK_M, HALF_K, 2)))
@@ -62,17 +76,40 @@ def nvfp4_linear_gemv_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
 
-def launch(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor,
-           bias: torch.Tensor | None, out: torch.Tensor, config: dict, use_prmt: bool) -> torch.Tensor:
+def launch(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    global_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    config: dict,
+    use_prmt: bool,
+) -> torch.Tensor:
     m, k = x.shape
     n = packed.shape[0]
     grid = (triton.cdiv(n, config["BLOCK_N"]), triton.cdiv(m, config["BLOCK_M"]))
     nvfp4_linear_gemv_kernel[grid](
-        x, packed, scales.view(torch.uint8), global_scale, bias if bias is not None else out, out,
-        m, n, k, x.stride(0), out.stride(0), packed.stride(0), scales.stride(0),
-        HAS_BIAS=bias is not None, USE_PRMT=use_prmt,
-        BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"],
-        num_warps=config["num_warps"], num_stages=config["num_stages"],
+        x,
+        packed,
+        scales.view(torch.uint8),
+        global_scale,
+        bias if bias is not None else out,
+        out,
+        m,
+        n,
+        k,
+        x.stride(0),
+        out.stride(0),
+        packed.stride(0),
+        scales.stride(0),
+        HAS_BIAS=bias is not None,
+        USE_PRMT=use_prmt,
+        BLOCK_M=config["BLOCK_M"],
+        BLOCK_N=config["BLOCK_N"],
+        BLOCK_K=config["BLOCK_K"],
+        num_warps=config["num_warps"],
+        num_stages=config["num_stages"],
     )
     return out
 

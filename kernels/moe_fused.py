@@ -24,7 +24,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
 from flashrt.kernels.decode import dot, interpreted, load_bf16_halves, load_nvfp4_halves
 
 GROUP_PAIRS = 128
@@ -33,11 +32,18 @@ GROUP_PAIRS = 128
 @triton.jit
 def moe_group_kernel(
     # pointers
-    topk_ids_ptr, expert_offsets_ptr, expert_counts_ptr, sorted_pairs_ptr, pair_rows_ptr,
+    topk_ids_ptr,
+    expert_offsets_ptr,
+    expert_counts_ptr,
+    sorted_pairs_ptr,
+    pair_rows_ptr,
     # dimensions
-    P, E,
+    P,
+    E,
     # meta-parameters
-    E_POW2: tl.constexpr, BLOCK_PAIRS: tl.constexpr, BLOCK_M: tl.constexpr,
+    E_POW2: tl.constexpr,
+    BLOCK_PAIRS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
 ):
     pid = tl.program_id(0)
     offs_e = tl.arange(0, E_POW2)
@@ -80,15 +86,32 @@ def _block_expert(expert_offsets_ptr, expert_counts_ptr, row_start, E, E_POW2: t
 @triton.jit
 def moe_gate_up_kernel(
     # pointers
-    x_ptr, packed_ptr, scales_ptr, global_scale_ptr, sorted_pairs_ptr, expert_offsets_ptr,
-    expert_counts_ptr, h_ptr,
+    x_ptr,
+    packed_ptr,
+    scales_ptr,
+    global_scale_ptr,
+    sorted_pairs_ptr,
+    expert_offsets_ptr,
+    expert_counts_ptr,
+    h_ptr,
     # dimensions
-    N, K, E, TOP_K,
+    N,
+    K,
+    E,
+    TOP_K,
     # strides (elements; packed rows in bytes, scale rows in scales)
-    stride_xm, stride_hm, stride_wn, stride_sn,
+    stride_xm,
+    stride_hm,
+    stride_wn,
+    stride_sn,
     # meta-parameters
-    WEIGHT_BF16: tl.constexpr, USE_PRMT: tl.constexpr, INTERPRETED: tl.constexpr, E_POW2: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    WEIGHT_BF16: tl.constexpr,
+    USE_PRMT: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+    E_POW2: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -119,13 +142,17 @@ def moe_gate_up_kernel(
         if WEIGHT_BF16:
             lo, hi = load_bf16_halves(packed_ptr, gate_rows, n_mask, K, k0, stride_wn, BLOCK_N, BLOCK_K)
         else:
-            lo, hi = load_nvfp4_halves(packed_ptr, scales_ptr, gate_rows, n_mask, K, k0, stride_wn, stride_sn, BLOCK_N, BLOCK_K, USE_PRMT)
+            lo, hi = load_nvfp4_halves(
+                packed_ptr, scales_ptr, gate_rows, n_mask, K, k0, stride_wn, stride_sn, BLOCK_N, BLOCK_K, USE_PRMT
+            )
         acc_gate = dot(lo, x_even, acc_gate, INTERPRETED)
         acc_gate = dot(hi, x_odd, acc_gate, INTERPRETED)
         if WEIGHT_BF16:
             lo, hi = load_bf16_halves(packed_ptr, up_rows, n_mask, K, k0, stride_wn, BLOCK_N, BLOCK_K)
         else:
-            lo, hi = load_nvfp4_halves(packed_ptr, scales_ptr, up_rows, n_mask, K, k0, stride_wn, stride_sn, BLOCK_N, BLOCK_K, USE_PRMT)
+            lo, hi = load_nvfp4_halves(
+                packed_ptr, scales_ptr, up_rows, n_mask, K, k0, stride_wn, stride_sn, BLOCK_N, BLOCK_K, USE_PRMT
+            )
         acc_up = dot(lo, x_even, acc_up, INTERPRETED)
         acc_up = dot(hi, x_odd, acc_up, INTERPRETED)
 
@@ -139,14 +166,28 @@ def moe_gate_up_kernel(
 @triton.jit
 def moe_down_kernel(
     # pointers
-    h_ptr, packed_ptr, scales_ptr, global_scale_ptr, topk_ids_ptr, topk_weights_ptr,
-    pair_rows_ptr, out_ptr,
+    h_ptr,
+    packed_ptr,
+    scales_ptr,
+    global_scale_ptr,
+    topk_ids_ptr,
+    topk_weights_ptr,
+    pair_rows_ptr,
+    out_ptr,
     # dimensions
-    N, K, TOP_K,
+    N,
+    K,
+    TOP_K,
     # strides (elements; packed rows in bytes, scale rows in scales)
-    stride_hm, stride_om, stride_wn, stride_sn,
+    stride_hm,
+    stride_om,
+    stride_wn,
+    stride_sn,
     # meta-parameters
-    WEIGHT_BF16: tl.constexpr, USE_PRMT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    WEIGHT_BF16: tl.constexpr,
+    USE_PRMT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
     """``out[t, n-tile] = sum_j w_tj * g_e * (h[row_tj] @ down_e[n-tile]^T)``; here the GEMM's
     reduction runs over the intermediate size (``K`` of this kernel is the bank's N)."""
@@ -169,7 +210,9 @@ def moe_down_kernel(
             if WEIGHT_BF16:
                 lo, hi = load_bf16_halves(packed_ptr, w_rows, n_mask, K, k0, stride_wn, BLOCK_N, BLOCK_K)
             else:
-                lo, hi = load_nvfp4_halves(packed_ptr, scales_ptr, w_rows, n_mask, K, k0, stride_wn, stride_sn, BLOCK_N, BLOCK_K, USE_PRMT)
+                lo, hi = load_nvfp4_halves(
+                    packed_ptr, scales_ptr, w_rows, n_mask, K, k0, stride_wn, stride_sn, BLOCK_N, BLOCK_K, USE_PRMT
+                )
             h = tl.load(h_row + k0 + offs_k, mask=k0 + offs_k < K, other=0.0).to(tl.float32)
             h_even, h_odd = tl.split(tl.reshape(h, (HALF_K, 2)))
             part += lo.to(tl.float32) * h_even[None, :] + hi.to(tl.float32) * h_odd[None, :]
@@ -184,8 +227,16 @@ def max_rows(pairs: int, experts: int, block_m: int) -> int:
     return triton.cdiv(pairs, block_m) * block_m + min(experts, pairs) * block_m
 
 
-def launch(hidden: torch.Tensor, gate_up: tuple, down: tuple, topk_ids: torch.Tensor,
-           topk_weights: torch.Tensor, out: torch.Tensor, config: dict, use_prmt: bool) -> torch.Tensor:
+def launch(
+    hidden: torch.Tensor,
+    gate_up: tuple,
+    down: tuple,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    out: torch.Tensor,
+    config: dict,
+    use_prmt: bool,
+) -> torch.Tensor:
     """Three launches; ``gate_up``/``down`` are (packed, scales, global_scale) of the bank, or
     ``(bf16 weight, None, None)`` for the bf16 arm of the benchmark (same design, bf16 bytes)."""
     t, k = hidden.shape
@@ -211,20 +262,67 @@ def launch(hidden: torch.Tensor, gate_up: tuple, down: tuple, topk_ids: torch.Te
     block_pairs = min(GROUP_PAIRS, max(16, triton.next_power_of_2(pairs)))
     topk_flat = topk_ids.reshape(-1)
     moe_group_kernel[(triton.cdiv(pairs, block_pairs),)](
-        topk_flat, expert_offsets, expert_counts, sorted_pairs, pair_rows, pairs, e,
-        E_POW2=e_pow2, BLOCK_PAIRS=block_pairs, BLOCK_M=block_m, num_warps=4,
+        topk_flat,
+        expert_offsets,
+        expert_counts,
+        sorted_pairs,
+        pair_rows,
+        pairs,
+        e,
+        E_POW2=e_pow2,
+        BLOCK_PAIRS=block_pairs,
+        BLOCK_M=block_m,
+        num_warps=4,
     )
     moe_gate_up_kernel[(rows // block_m, triton.cdiv(n, config["BLOCK_N"]))](
-        hidden, gu_packed, gu_scales.view(torch.uint8), gu_global, sorted_pairs, expert_offsets, expert_counts, h,
-        n, k, e, top_k, hidden.stride(0), h.stride(0), gu_packed.stride(1), gu_scales.stride(1) if not weight_bf16 else 0,
-        WEIGHT_BF16=weight_bf16, USE_PRMT=use_prmt, INTERPRETED=interpreted(), E_POW2=e_pow2, BLOCK_M=block_m, BLOCK_N=config["BLOCK_N"],
-        BLOCK_K=config["BLOCK_K"], num_warps=config["num_warps"], num_stages=config["num_stages"],
+        hidden,
+        gu_packed,
+        gu_scales.view(torch.uint8),
+        gu_global,
+        sorted_pairs,
+        expert_offsets,
+        expert_counts,
+        h,
+        n,
+        k,
+        e,
+        top_k,
+        hidden.stride(0),
+        h.stride(0),
+        gu_packed.stride(1),
+        gu_scales.stride(1) if not weight_bf16 else 0,
+        WEIGHT_BF16=weight_bf16,
+        USE_PRMT=use_prmt,
+        INTERPRETED=interpreted(),
+        E_POW2=e_pow2,
+        BLOCK_M=block_m,
+        BLOCK_N=config["BLOCK_N"],
+        BLOCK_K=config["BLOCK_K"],
+        num_warps=config["num_warps"],
+        num_stages=config["num_stages"],
     )
     moe_down_kernel[(t, triton.cdiv(k, config["DOWN_BLOCK_N"]))](
-        h, dn_packed, dn_scales.view(torch.uint8), dn_global, topk_flat, topk_weights.reshape(-1), pair_rows, out,
-        k, n, top_k, h.stride(0), out.stride(0), dn_packed.stride(1), dn_scales.stride(1) if not weight_bf16 else 0,
-        WEIGHT_BF16=weight_bf16, USE_PRMT=use_prmt, BLOCK_N=config["DOWN_BLOCK_N"], BLOCK_K=config["DOWN_BLOCK_K"],
-        num_warps=config["down_num_warps"], num_stages=1,
+        h,
+        dn_packed,
+        dn_scales.view(torch.uint8),
+        dn_global,
+        topk_flat,
+        topk_weights.reshape(-1),
+        pair_rows,
+        out,
+        k,
+        n,
+        top_k,
+        h.stride(0),
+        out.stride(0),
+        dn_packed.stride(1),
+        dn_scales.stride(1) if not weight_bf16 else 0,
+        WEIGHT_BF16=weight_bf16,
+        USE_PRMT=use_prmt,
+        BLOCK_N=config["DOWN_BLOCK_N"],
+        BLOCK_K=config["DOWN_BLOCK_K"],
+        num_warps=config["down_num_warps"],
+        num_stages=1,
     )
     return out
 
@@ -239,8 +337,16 @@ def configs(t: int, n: int, k: int) -> list[dict]:
     """
     block_m = 16 if t <= 32 else (32 if t <= 128 else 64)
     return [
-        {"BLOCK_M": block_m, "BLOCK_N": bn, "BLOCK_K": 128, "num_warps": 4, "num_stages": 3,
-         "DOWN_BLOCK_N": dbn, "DOWN_BLOCK_K": dbk, "down_num_warps": 4}
+        {
+            "BLOCK_M": block_m,
+            "BLOCK_N": bn,
+            "BLOCK_K": 128,
+            "num_warps": 4,
+            "num_stages": 3,
+            "DOWN_BLOCK_N": dbn,
+            "DOWN_BLOCK_K": dbk,
+            "down_num_warps": 4,
+        }
         for bn in (32, 64)
         for dbn, dbk in ((16, 256), (8, 512), (32, 128))
     ]

@@ -82,7 +82,9 @@ def check_weight(name: str, w: NVFP4Weight, batched: bool = False) -> None:
         )
     for field in ("scales", "global_scale"):
         if getattr(w, field).device != w.packed.device:
-            raise ValueError(f"{name}.{field}: on {getattr(w, field).device}, packed on {w.packed.device}; move both to one device")
+            raise ValueError(
+                f"{name}.{field}: on {getattr(w, field).device}, packed on {w.packed.device}; move both to one device"
+            )
     if not (w.packed.is_contiguous() and w.scales.is_contiguous()):
         raise ValueError(f"{name}: packed and scales must be contiguous; call .contiguous() on them")
 
@@ -93,7 +95,9 @@ def _check_dense(name: str, weight: torch.Tensor) -> None:
     if weight.dim() not in (2, 3):
         raise ValueError(f"{name}: got rank {weight.dim()} {tuple(weight.shape)}, need [N, K] or [E, N, K]")
     if weight.shape[-1] % BLOCK_SIZE:
-        raise ValueError(f"{name}: K = {weight.shape[-1]} is not a multiple of {BLOCK_SIZE}; pad K to a multiple of {BLOCK_SIZE}")
+        raise ValueError(
+            f"{name}: K = {weight.shape[-1]} is not a multiple of {BLOCK_SIZE}; pad K to a multiple of {BLOCK_SIZE}"
+        )
 
 
 def e2m1_codes(x: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,6 @@ import functools
 
 import torch
 import torch.nn.functional as F
-
 from flashrt.kernels import linear_gemv, linear_mma, moe_fused
 from flashrt.kernels.nvfp4 import BLOCK_SIZE, NVFP4Weight, check_weight, dequantize
 from flashrt.kernels.tuning import TUNER, Candidate, Outcome, bucket, candidate
@@ -36,8 +35,9 @@ def linear_reference(x: torch.Tensor, w: NVFP4Weight, bias: torch.Tensor | None 
     return out.to(x.dtype)
 
 
-def moe_reference(hidden: torch.Tensor, gate_up: NVFP4Weight, down: NVFP4Weight,
-                  topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+def moe_reference(
+    hidden: torch.Tensor, gate_up: NVFP4Weight, down: NVFP4Weight, topk_ids: torch.Tensor, topk_weights: torch.Tensor
+) -> torch.Tensor:
     """Per routed expert: dequantize, ``silu(gate) * up``, down, weighted sum; float32 inside."""
     n = gate_up.packed.shape[1] // 2
     x = hidden.float()
@@ -125,7 +125,9 @@ def choose_moe(hidden, gate_up, down, topk_ids, topk_weights) -> Candidate:
 
     def measure(c: Candidate) -> Outcome:
         out = torch.empty_like(hidden)
-        run = functools.partial(moe_fused.launch, hidden, gate_up, down, topk_ids, topk_weights, out, c.params, _use_prmt(device))
+        run = functools.partial(
+            moe_fused.launch, hidden, gate_up, down, topk_ids, topk_weights, out, c.params, _use_prmt(device)
+        )
         try:
             run()
             ref = moe_reference(hidden, NVFP4Weight(*gate_up), NVFP4Weight(*down), topk_ids, topk_weights)
@@ -140,8 +142,9 @@ def choose_moe(hidden, gate_up, down, topk_ids, topk_weights) -> Candidate:
 
 
 @torch.library.custom_op("flashrt::nvfp4_linear", mutates_args=())
-def _nvfp4_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor,
-                  bias: torch.Tensor | None) -> torch.Tensor:
+def _nvfp4_linear(
+    x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
     if x.device.type != "cuda":
         return linear_reference(x, NVFP4Weight(packed, scales, global_scale), bias)
     c = choose_linear(x, packed, scales, global_scale, bias)
@@ -155,9 +158,17 @@ def _(x, packed, scales, global_scale, bias):
 
 
 @torch.library.custom_op("flashrt::nvfp4_moe", mutates_args=())
-def _nvfp4_moe(hidden: torch.Tensor, gu_packed: torch.Tensor, gu_scales: torch.Tensor, gu_global: torch.Tensor,
-               dn_packed: torch.Tensor, dn_scales: torch.Tensor, dn_global: torch.Tensor,
-               topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+def _nvfp4_moe(
+    hidden: torch.Tensor,
+    gu_packed: torch.Tensor,
+    gu_scales: torch.Tensor,
+    gu_global: torch.Tensor,
+    dn_packed: torch.Tensor,
+    dn_scales: torch.Tensor,
+    dn_global: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+) -> torch.Tensor:
     gate_up = (gu_packed, gu_scales, gu_global)
     down = (dn_packed, dn_scales, dn_global)
     if hidden.device.type != "cuda":
@@ -200,8 +211,9 @@ def linear(x: torch.Tensor, w: NVFP4Weight, bias: torch.Tensor | None = None) ->
     return out.reshape(*x.shape[:-1], n)
 
 
-def moe(hidden: torch.Tensor, gate_up: NVFP4Weight, down: NVFP4Weight, topk_ids: torch.Tensor,
-        topk_weights: torch.Tensor) -> torch.Tensor:
+def moe(
+    hidden: torch.Tensor, gate_up: NVFP4Weight, down: NVFP4Weight, topk_ids: torch.Tensor, topk_weights: torch.Tensor
+) -> torch.Tensor:
     """Fused expert bank: ``hidden [T, K]``, ``gate_up [E, 2N, K]``, ``down [E, K, N]`` -> ``[T, K]``."""
     check_weight("gate_up", gate_up, batched=True)
     check_weight("down", down, batched=True)
@@ -214,13 +226,24 @@ def moe(hidden: torch.Tensor, gate_up: NVFP4Weight, down: NVFP4Weight, topk_ids:
         raise ValueError(f"hidden: got rank {hidden.dim()} {tuple(hidden.shape)}, need [T, K]")
     _check_activation("hidden", hidden, k, gate_up.packed.device)
     if topk_ids.dim() != 2 or topk_ids.shape[0] != hidden.shape[0] or topk_ids.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"topk_ids: got {topk_ids.dtype} {tuple(topk_ids.shape)}, need int32/int64 [{hidden.shape[0]}, top_k]")
+        raise ValueError(
+            f"topk_ids: got {topk_ids.dtype} {tuple(topk_ids.shape)}, need int32/int64 [{hidden.shape[0]}, top_k]"
+        )
     if topk_weights.shape != topk_ids.shape or not topk_weights.is_floating_point():
-        raise ValueError(f"topk_weights: got {topk_weights.dtype} {tuple(topk_weights.shape)}, need floating {tuple(topk_ids.shape)}")
+        raise ValueError(
+            f"topk_weights: got {topk_weights.dtype} {tuple(topk_weights.shape)}, need floating {tuple(topk_ids.shape)}"
+        )
     for name, t in (("topk_ids", topk_ids), ("topk_weights", topk_weights)):
         if t.device != hidden.device:
             raise ValueError(f"{name}: on {t.device}, hidden on {hidden.device}; move both to one device")
     return torch.ops.flashrt.nvfp4_moe(
-        hidden.contiguous(), gate_up.packed, gate_up.scales, gate_up.global_scale,
-        down.packed, down.scales, down.global_scale, topk_ids.contiguous(), topk_weights.contiguous(),
+        hidden.contiguous(),
+        gate_up.packed,
+        gate_up.scales,
+        gate_up.global_scale,
+        down.packed,
+        down.scales,
+        down.global_scale,
+        topk_ids.contiguous(),
+        topk_weights.contiguous(),
     )

@@ -16,7 +16,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
 from flashrt.kernels.nvfp4 import BLOCK_SIZE, E2M1_MAX, E4M3_MAX, NVFP4Weight, _check_dense
 
 AMAX_BLOCK = 8192
@@ -51,11 +50,17 @@ def amax_kernel(w_ptr, amax_ptr, numel, BLOCK: tl.constexpr):
 @triton.jit
 def quantize_kernel(
     # pointers
-    w_ptr, amax_ptr, packed_ptr, scales_ptr, global_scale_ptr,
+    w_ptr,
+    amax_ptr,
+    packed_ptr,
+    scales_ptr,
+    global_scale_ptr,
     # dimensions (N rows of K per batch entry)
-    N, K,
+    N,
+    K,
     # meta-parameters
-    BLOCK_ROWS: tl.constexpr, BLOCK_GROUPS: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_GROUPS: tl.constexpr,
 ):
     pid_r = tl.program_id(0)
     pid_g = tl.program_id(1)
@@ -76,9 +81,15 @@ def quantize_kernel(
     safe = tl.where(denom > 0, denom, 1.0)
     q = tl.where(denom[:, :, None] > 0, tl.math.div_rn(w, safe[:, :, None]), 0.0)
     mag = tl.abs(q)
-    code = ((mag > 0.25).to(tl.uint8) + (mag >= 0.75).to(tl.uint8) + (mag > 1.25).to(tl.uint8)
-            + (mag >= 1.75).to(tl.uint8) + (mag > 2.5).to(tl.uint8) + (mag >= 3.5).to(tl.uint8)
-            + (mag > 5.0).to(tl.uint8))
+    code = (
+        (mag > 0.25).to(tl.uint8)
+        + (mag >= 0.75).to(tl.uint8)
+        + (mag > 1.25).to(tl.uint8)
+        + (mag >= 1.75).to(tl.uint8)
+        + (mag > 2.5).to(tl.uint8)
+        + (mag >= 3.5).to(tl.uint8)
+        + (mag > 5.0).to(tl.uint8)
+    )
     code = code | (((q < 0) & (code > 0)).to(tl.uint8) << 3)
     lo, hi = tl.split(tl.reshape(code, (BLOCK_ROWS, BLOCK_GROUPS, 8, 2)))
     packed = lo | (hi << 4)
@@ -109,10 +120,20 @@ def quantize_triton(weight: torch.Tensor) -> NVFP4Weight:
     block_rows, block_groups = 16, 16
     for start in range(0, e, chunk):
         stop = min(e, start + chunk)
-        amax_kernel[(triton.cdiv(n * k, AMAX_BLOCK), stop - start)](w3[start:stop], amax[start:stop], n * k, BLOCK=AMAX_BLOCK, num_warps=8)
+        amax_kernel[(triton.cdiv(n * k, AMAX_BLOCK), stop - start)](
+            w3[start:stop], amax[start:stop], n * k, BLOCK=AMAX_BLOCK, num_warps=8
+        )
         quantize_kernel[(triton.cdiv(n, block_rows), triton.cdiv(k // 16, block_groups), stop - start)](
-            w3[start:stop], amax[start:stop], packed[start:stop], scales[start:stop], global_scale[start:stop],
-            n, k, BLOCK_ROWS=block_rows, BLOCK_GROUPS=block_groups, num_warps=4,
+            w3[start:stop],
+            amax[start:stop],
+            packed[start:stop],
+            scales[start:stop],
+            global_scale[start:stop],
+            n,
+            k,
+            BLOCK_ROWS=block_rows,
+            BLOCK_GROUPS=block_groups,
+            num_warps=4,
         )
     scales = scales.view(torch.float8_e4m3fn)
     if not batched:

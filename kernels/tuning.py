@@ -70,7 +70,9 @@ def adjudicate(outcomes: list[Outcome], parity_floor: float = PARITY_FLOOR, marg
             notes.append(f"{o.candidate.name}: refused: parity {o.parity:.4f} under floor {parity_floor}")
         else:
             entrants.append(o)
-            notes.append(f"{o.candidate.name}: {o.time_us:.2f} us" + (f", parity {o.parity:.5f}" if o.parity is not None else ""))
+            notes.append(
+                f"{o.candidate.name}: {o.time_us:.2f} us" + (f", parity {o.parity:.5f}" if o.parity is not None else "")
+            )
     if not entrants:
         return Verdict(None, tuple(notes))
     fastest = min(o.time_us for o in entrants)
@@ -119,15 +121,24 @@ class Tuner:
         path = _cache_dir() / f"tuning-{device_key}.json"
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            raw = {k: {"form": c.form, "config": list(c.config), "precision": c.precision} for k, c in self._choices[device_key].items()}
+            raw = {
+                k: {"form": c.form, "config": list(c.config), "precision": c.precision}
+                for k, c in self._choices[device_key].items()
+            }
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps(raw, indent=1, sort_keys=True))
             tmp.replace(path)
         except OSError:
             pass  # a read-only home only costs a re-measure in the next process
 
-    def choose(self, device_key: str, shape_key: str, candidates: list[Candidate],
-               measure: Callable[[Candidate], Outcome], may_measure: bool) -> Candidate:
+    def choose(
+        self,
+        device_key: str,
+        shape_key: str,
+        candidates: list[Candidate],
+        measure: Callable[[Candidate], Outcome],
+        may_measure: bool,
+    ) -> Candidate:
         with self._lock:
             table = self._device_table(device_key)
             if shape_key in table:

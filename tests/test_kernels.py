@@ -7,7 +7,6 @@ tests run the compiled kernels, including the PTX decoder the interpreter cannot
 import pytest
 import torch
 import torch.nn.functional as F
-
 from flashrt.kernels import linear_gemv, linear_mma, moe_fused, nvfp4, ops
 from flashrt.kernels.decode import use_prmt
 from flashrt.kernels.nvfp4 import NVFP4Weight
@@ -39,7 +38,20 @@ def test_quantize_dequantize_round_trip_is_bit_exact(shape):
 
 def test_e2m1_codes_round_to_nearest_even():
     x = torch.tensor([0.25, 0.26, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 5.1, 7.0, -0.74, -0.0])
-    assert nvfp4.e2m1_values(nvfp4.e2m1_codes(x)).tolist() == [0.0, 0.5, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 6.0, 6.0, -0.5, 0.0]
+    assert nvfp4.e2m1_values(nvfp4.e2m1_codes(x)).tolist() == [
+        0.0,
+        0.5,
+        1.0,
+        1.0,
+        2.0,
+        2.0,
+        4.0,
+        4.0,
+        6.0,
+        6.0,
+        -0.5,
+        0.0,
+    ]
 
 
 def test_dequantized_weight_is_close_to_the_original():
@@ -60,10 +72,14 @@ def test_checkpoint_layouts_round_trip(batched):
         assert torch.equal(back.scales.view(torch.uint8), q.scales.view(torch.uint8))
         torch.testing.assert_close(back.global_scale, q.global_scale, rtol=2e-7, atol=0)
     # compressed-tensors divides by its global scale: the dequantized weight must not change.
-    torch.testing.assert_close(nvfp4.dequantize(ct, torch.float32), nvfp4.dequantize(q, torch.float32), rtol=1e-6, atol=0)
+    torch.testing.assert_close(
+        nvfp4.dequantize(ct, torch.float32), nvfp4.dequantize(q, torch.float32), rtol=1e-6, atol=0
+    )
 
 
-@pytest.mark.parametrize("shape", [(40, 64), (3, 40, 64), (17, 48)] + ([(2, 1536, 2048), (4096, 4096)] if ON_GPU else []))
+@pytest.mark.parametrize(
+    "shape", [(40, 64), (3, 40, 64), (17, 48)] + ([(2, 1536, 2048), (4096, 4096)] if ON_GPU else [])
+)
 def test_quantizer_kernel_matches_reference_bit_for_bit(shape, device):
     w = torch.randn(*shape, dtype=torch.bfloat16, device=device) * 3
     ref = nvfp4.quantize_reference(w.cpu())
@@ -88,8 +104,13 @@ def test_linear_kernel_matches_reference(form, m, k, device):
     x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
     bias = torch.randn(n, dtype=torch.bfloat16, device=device)
     mod = {"gemv": linear_gemv, "mma": linear_mma}[form]
-    config = {"BLOCK_M": 16 if form == "mma" else 4, "BLOCK_N": 64 if form == "mma" else 16,
-              "BLOCK_K": 256, "num_warps": 4, "num_stages": 2}
+    config = {
+        "BLOCK_M": 16 if form == "mma" else 4,
+        "BLOCK_N": 64 if form == "mma" else 16,
+        "BLOCK_K": 256,
+        "num_warps": 4,
+        "num_stages": 2,
+    }
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
     mod.launch(x, q.packed, q.scales, q.global_scale, None, out, config, _prmt(device))
     assert not out.isnan().any(), "every output element must be written"
@@ -114,8 +135,10 @@ def test_linear_op_dispatches_and_keeps_leading_dims(m, device):
 
 
 def _bank(e, n, k, device):
-    return (nvfp4.quantize(torch.randn(e, 2 * n, k, dtype=torch.bfloat16, device=device)),
-            nvfp4.quantize(torch.randn(e, k, n, dtype=torch.bfloat16, device=device)))
+    return (
+        nvfp4.quantize(torch.randn(e, 2 * n, k, dtype=torch.bfloat16, device=device)),
+        nvfp4.quantize(torch.randn(e, k, n, dtype=torch.bfloat16, device=device)),
+    )
 
 
 def _route(t, e, top_k, device):
@@ -133,8 +156,16 @@ def test_moe_kernel_matches_reference(t, weight_format, device):
     config = {**moe_fused.configs(t, n, k)[0], "DOWN_BLOCK_K": 64 if not ON_GPU else 256}
     out = torch.full_like(hidden, float("nan"))
     if weight_format == "nvfp4":
-        moe_fused.launch(hidden, (gu.packed, gu.scales, gu.global_scale), (dn.packed, dn.scales, dn.global_scale),
-                         ids, weights, out, config, _prmt(device))
+        moe_fused.launch(
+            hidden,
+            (gu.packed, gu.scales, gu.global_scale),
+            (dn.packed, dn.scales, dn.global_scale),
+            ids,
+            weights,
+            out,
+            config,
+            _prmt(device),
+        )
         ref = ops.moe_reference(hidden, gu, dn, ids, weights)
     else:
         w13, w2 = nvfp4.dequantize(gu), nvfp4.dequantize(dn)
@@ -180,12 +211,16 @@ OPCHECK_UTILS = ("test_faketensor", "test_aot_dispatch_dynamic")
 def test_custom_ops_pass_opcheck():
     q = nvfp4.quantize_reference(torch.randn(32, 64, dtype=torch.bfloat16))
     x = torch.randn(5, 64, dtype=torch.bfloat16)
-    torch.library.opcheck(torch.ops.flashrt.nvfp4_linear, (x, q.packed, q.scales, q.global_scale, None), test_utils=OPCHECK_UTILS)
+    torch.library.opcheck(
+        torch.ops.flashrt.nvfp4_linear, (x, q.packed, q.scales, q.global_scale, None), test_utils=OPCHECK_UTILS
+    )
     gu, dn = _bank(4, 16, 64, torch.device("cpu"))
     ids, weights = _route(3, 4, 2, torch.device("cpu"))
-    torch.library.opcheck(torch.ops.flashrt.nvfp4_moe,
-                          (x[:3], gu.packed, gu.scales, gu.global_scale, dn.packed, dn.scales, dn.global_scale, ids, weights),
-                          test_utils=OPCHECK_UTILS)
+    torch.library.opcheck(
+        torch.ops.flashrt.nvfp4_moe,
+        (x[:3], gu.packed, gu.scales, gu.global_scale, dn.packed, dn.scales, dn.global_scale, ids, weights),
+        test_utils=OPCHECK_UTILS,
+    )
 
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a CUDA device")
@@ -213,8 +248,14 @@ def test_bad_inputs_name_the_tensor_and_the_fix():
     cases = [
         (lambda: ops.linear(x.float(), q), "x: got dtype torch.float32"),
         (lambda: ops.linear(x[:, :48], q), "x: got 48 features"),
-        (lambda: ops.linear(x, NVFP4Weight(q.packed.float(), q.scales, q.global_scale)), "w.packed: got dtype torch.float32"),
-        (lambda: ops.linear(x, NVFP4Weight(q.packed, q.scales[:, :2].contiguous(), q.global_scale)), "w.scales: got shape (32, 2)"),
+        (
+            lambda: ops.linear(x, NVFP4Weight(q.packed.float(), q.scales, q.global_scale)),
+            "w.packed: got dtype torch.float32",
+        ),
+        (
+            lambda: ops.linear(x, NVFP4Weight(q.packed, q.scales[:, :2].contiguous(), q.global_scale)),
+            "w.scales: got shape (32, 2)",
+        ),
         (lambda: nvfp4.quantize_reference(torch.randn(8, 40)), "K = 40 is not a multiple of 16"),
         (lambda: nvfp4.quantize_reference(torch.randn(8, 32, dtype=torch.float64)), "weight: got dtype torch.float64"),
         (lambda: nvfp4.quantize_reference(torch.randn(32)), "weight: got rank 1"),
