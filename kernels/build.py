@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import product
 
 from flashrt.kernels import linear_gemv, linear_mma, moe_fused, quantizer
 
 TARGETS = (90, 100, 110, 120)
+_ALIGNED_INTS = {"N", "K", "stride_xm", "stride_om", "stride_wn", "stride_sn", "stride_hm", "numel"}
 # Token counts whose configs span every BLOCK_M a form can choose.
 _TOKENS = (1, 2, 4, 16, 64, 512, 2048)
 
@@ -115,64 +117,25 @@ def builds() -> Iterator[Build]:
             ("gemv", linear_gemv, linear_gemv.nvfp4_linear_gemv_kernel),
             ("mma", linear_mma, linear_mma.nvfp4_linear_mma_kernel),
         ):
-            for cfg in mod.configs(m, 4096, 4096):
-                consts = {
-                    "HAS_BIAS": False,
-                    "USE_PRMT": True,
-                    "BLOCK_M": cfg["BLOCK_M"],
-                    "BLOCK_N": cfg["BLOCK_N"],
-                    "BLOCK_K": cfg["BLOCK_K"],
-                }
+            for cfg, even_k in product(mod.configs(m, 4096, 4096), (True, False)):
+                consts = {"HAS_BIAS": False, "USE_PRMT": True, "EVEN_K": even_k}
+                consts |= {k: cfg[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K") if k in cfg}
                 if form == "mma":
                     consts["INTERPRETED"] = False
-                yield from unique(
-                    Build(
-                        f"linear_{form}",
-                        fn,
-                        _with_constexprs(_LINEAR_SIG, consts),
-                        consts,
-                        cfg["num_warps"],
-                        cfg["num_stages"],
-                    )
-                )
+                sig = _with_constexprs(_LINEAR_SIG, consts)
+                yield from unique(Build(f"linear_{form}", fn, sig, consts, cfg["num_warps"], cfg["num_stages"]))
     for t in _TOKENS:
         for cfg in moe_fused.configs(t, 768, 2048):
-            for weight_bf16 in (False, True):
-                consts = {
-                    "WEIGHT_BF16": weight_bf16,
-                    "USE_PRMT": True,
-                    "INTERPRETED": False,
-                    "E_POW2": 128,
-                    "BLOCK_M": cfg["BLOCK_M"],
-                    "BLOCK_N": cfg["BLOCK_N"],
-                    "BLOCK_K": cfg["BLOCK_K"],
-                }
-                yield from unique(
-                    Build(
-                        "moe_gate_up",
-                        moe_fused.moe_gate_up_kernel,
-                        _with_constexprs(_GATE_UP_SIG, consts),
-                        consts,
-                        cfg["num_warps"],
-                        cfg["num_stages"],
-                    )
-                )
-                consts = {
-                    "WEIGHT_BF16": weight_bf16,
-                    "USE_PRMT": True,
-                    "BLOCK_N": cfg["DOWN_BLOCK_N"],
-                    "BLOCK_K": cfg["DOWN_BLOCK_K"],
-                }
-                yield from unique(
-                    Build(
-                        "moe_down",
-                        moe_fused.moe_down_kernel,
-                        _with_constexprs(_DOWN_SIG, consts),
-                        consts,
-                        cfg["down_num_warps"],
-                        1,
-                    )
-                )
+            for weight_bf16, even_k in product((False, True), (True, False)):
+                consts = {"WEIGHT_BF16": weight_bf16, "USE_PRMT": True, "EVEN_K": even_k, "INTERPRETED": False}
+                consts |= {"E_POW2": 128} | {k: cfg[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")}
+                sig = _with_constexprs(_GATE_UP_SIG, consts)
+                fn = moe_fused.moe_gate_up_kernel
+                yield from unique(Build("moe_gate_up", fn, sig, consts, cfg["num_warps"], cfg["num_stages"]))
+                consts = {"WEIGHT_BF16": weight_bf16, "USE_PRMT": True, "EVEN_K": even_k}
+                consts |= {"BLOCK_N": cfg["DOWN_BLOCK_N"], "BLOCK_K": cfg["DOWN_BLOCK_K"]}
+                sig = _with_constexprs(_DOWN_SIG, consts)
+                yield from unique(Build("moe_down", moe_fused.moe_down_kernel, sig, consts, cfg["down_num_warps"], 1))
             consts = {"E_POW2": 128, "BLOCK_PAIRS": moe_fused.GROUP_PAIRS, "BLOCK_M": cfg["BLOCK_M"]}
             yield from unique(
                 Build("moe_group", moe_fused.moe_group_kernel, _with_constexprs(_GROUP_SIG, consts), consts, 4, 1)
@@ -197,7 +160,14 @@ def compile_for(build: Build, arch: int):
     import triton
     from triton.backends.compiler import GPUTarget
 
-    src = triton.compiler.ASTSource(fn=build.fn, signature=build.signature, constexprs=build.constexprs)
+    # What a launch on real shapes specializes: pointers and every integer argument divisible by
+    # 16 (strides, N and K of real layers); without it loads would not vectorize as they do.
+    aligned = {
+        (i,): [["tt.divisibility", 16]]
+        for i, (name, kind) in enumerate(build.signature.items())
+        if kind != "constexpr" and (kind.startswith("*") or name in _ALIGNED_INTS)
+    }
+    src = triton.compiler.ASTSource(fn=build.fn, signature=build.signature, constexprs=build.constexprs, attrs=aligned)
     return triton.compile(
         src, target=GPUTarget("cuda", arch, 32), options={"num_warps": build.num_warps, "num_stages": build.num_stages}
     )

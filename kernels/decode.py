@@ -131,39 +131,51 @@ def load_nvfp4_halves(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     USE_PRMT: tl.constexpr,
+    EVEN_K: tl.constexpr,
 ):
     """(even-k, odd-k) bf16 tiles ``[BLOCK_N, BLOCK_K/2]`` of NVFP4 weight ``rows`` (int64) at ``k0``.
 
     The strides are kernel arguments, not ``K // 2``: Triton specializes arguments divisible by
     16, and only then does it know each row starts 16-byte aligned and issue 16-byte loads
     (measured on H200: ``K // 2`` inside the kernel gave byte loads and 0.2 of copy bandwidth).
-    Each scale covers 8 consecutive bytes; it is broadcast in registers, not re-loaded."""
+    With ``EVEN_K`` (K a multiple of BLOCK_K, every real model) the loads are masked by row
+    only: a mask that varies along K also stops Triton from vectorizing (seen in SASS as
+    ``LDG.E.U8``). Each scale covers 8 consecutive bytes; it is broadcast in registers."""
     HALF_K: tl.constexpr = BLOCK_K // 2
     GROUPS: tl.constexpr = BLOCK_K // 16
-    byte = k0 // 2 + tl.max_contiguous(tl.multiple_of(tl.arange(0, HALF_K), HALF_K), HALF_K)
-    packed = tl.load(
-        packed_ptr + rows[:, None] * stride_wn + byte[None, :], mask=n_mask[:, None] & (byte[None, :] < K // 2), other=0
-    )
-    group = k0 // 16 + tl.arange(0, GROUPS)
-    scale = e4m3_to_bf16(
-        tl.load(
-            scales_ptr + rows[:, None] * stride_sn + group[None, :],
-            mask=n_mask[:, None] & (group[None, :] < K // 16),
-            other=0,
-        )
-    )
+    # k0 is a multiple of BLOCK_K, but Triton's alignment analysis loses that through ``// 2``.
+    byte = tl.multiple_of(k0 // 2, HALF_K) + tl.arange(0, HALF_K)
+    group = tl.multiple_of(k0 // 16, GROUPS) + tl.arange(0, GROUPS)
+    if EVEN_K:
+        byte_mask = n_mask[:, None]
+        group_mask = n_mask[:, None]
+    else:
+        byte_mask = n_mask[:, None] & (byte[None, :] < K // 2)
+        group_mask = n_mask[:, None] & (group[None, :] < K // 16)
+    packed = tl.load(packed_ptr + rows[:, None] * stride_wn + byte[None, :], mask=byte_mask, other=0)
+    scale = e4m3_to_bf16(tl.load(scales_ptr + rows[:, None] * stride_sn + group[None, :], mask=group_mask, other=0))
     scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (BLOCK_N, GROUPS, 8)), (BLOCK_N, HALF_K))
     return decode(packed, scale, USE_PRMT)
 
 
 @triton.jit
-def load_bf16_halves(w_ptr, rows, n_mask, K, k0, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def load_bf16_halves(
+    w_ptr, rows, n_mask, K, k0, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr
+):
     """The same tiles from a bf16 weight: the baseline arm of the benchmark, same kernel design."""
     offs_k = k0 + tl.arange(0, BLOCK_K)
-    w = tl.load(
-        w_ptr + rows[:, None] * stride_wn + offs_k[None, :], mask=n_mask[:, None] & (offs_k[None, :] < K), other=0.0
-    )
+    mask = n_mask[:, None] if EVEN_K else n_mask[:, None] & (offs_k[None, :] < K)
+    w = tl.load(w_ptr + rows[:, None] * stride_wn + offs_k[None, :], mask=mask, other=0.0)
     return tl.split(tl.reshape(w.to(tl.bfloat16), (BLOCK_N, BLOCK_K // 2, 2)))
+
+
+@triton.jit
+def k_mask(rows_mask, offs_k, K, EVEN_K: tl.constexpr):
+    """The mask of an activation tile ``[rows, BLOCK_K]``: by row only when K divides evenly."""
+    if EVEN_K:
+        return rows_mask[:, None]
+    else:
+        return rows_mask[:, None] & (offs_k[None, :] < K)
 
 
 @triton.jit

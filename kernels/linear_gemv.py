@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from flashrt.kernels.decode import load_nvfp4_halves
+from flashrt.kernels.decode import k_mask, load_nvfp4_halves
 
 
 @triton.jit
@@ -39,41 +39,37 @@ def nvfp4_linear_gemv_kernel(
     # meta-parameters
     HAS_BIAS: tl.constexpr,
     USE_PRMT: tl.constexpr,
-    BLOCK_M: tl.constexpr,
+    EVEN_K: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
+    row = tl.program_id(1).to(tl.int64)  # one token a program: its weights come from L2 for the others
     HALF_K: tl.constexpr = BLOCK_K // 2
 
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_k = tl.arange(0, BLOCK_K)
+    offs_h = tl.arange(0, HALF_K)
     n_mask = offs_n < N
-    m_mask = offs_m < M
     rows = offs_n.to(tl.int64)
-    x_row = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
+    x_row = x_ptr + row * stride_xm
 
     # Products accumulate elementwise; one cross-thread reduction at the end, not per step.
-    acc3 = tl.zeros((BLOCK_M, BLOCK_N, HALF_K), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, HALF_K), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         lo, hi = load_nvfp4_halves(
-            packed_ptr, scales_ptr, rows, n_mask, K, k0, stride_wn, stride_sn, BLOCK_N, BLOCK_K, USE_PRMT
+            packed_ptr, scales_ptr, rows, n_mask, K, k0, stride_wn, stride_sn, BLOCK_N, BLOCK_K, USE_PRMT, EVEN_K
         )
-        x_mask = m_mask[:, None] & (k0 + offs_k[None, :] < K)
-        x = tl.load(x_row + k0 + offs_k[None, :], mask=x_mask, other=0.0).to(tl.float32)
-        x_even, x_odd = tl.split(tl.reshape(x, (BLOCK_M, HALF_K, 2)))
-        lo = lo.to(tl.float32)
-        hi = hi.to(tl.float32)
-        acc3 += lo[None, :, :] * x_even[:, None, :] + hi[None, :, :] * x_odd[:, None, :]
-    acc = tl.sum(acc3, axis=2)
-
-    acc = acc * tl.load(global_scale_ptr)
+        # Even and odd activations by 1-D strided loads. A contiguous tile split in registers, or
+        # a 2-D activation tile, makes Triton move the decoded weights through shared memory to
+        # match the activation layout (STSM/LDSM per step in SASS); this way only x moves.
+        x_mask = (k0 + 2 * offs_h < K) | EVEN_K
+        x_even = tl.load(x_row + k0 + 2 * offs_h, mask=x_mask, other=0.0).to(tl.float32)
+        x_odd = tl.load(x_row + k0 + 2 * offs_h + 1, mask=x_mask, other=0.0).to(tl.float32)
+        acc += lo.to(tl.float32) * x_even[None, :] + hi.to(tl.float32) * x_odd[None, :]
+    result = tl.sum(acc, axis=1) * tl.load(global_scale_ptr)
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    out = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+        result += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_om + offs_n, result.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
 def launch(
@@ -88,7 +84,7 @@ def launch(
 ) -> torch.Tensor:
     m, k = x.shape
     n = packed.shape[0]
-    grid = (triton.cdiv(n, config["BLOCK_N"]), triton.cdiv(m, config["BLOCK_M"]))
+    grid = (triton.cdiv(n, config["BLOCK_N"]), m)
     nvfp4_linear_gemv_kernel[grid](
         x,
         packed,
@@ -105,7 +101,7 @@ def launch(
         scales.stride(0),
         HAS_BIAS=bias is not None,
         USE_PRMT=use_prmt,
-        BLOCK_M=config["BLOCK_M"],
+        EVEN_K=k % config["BLOCK_K"] == 0,
         BLOCK_N=config["BLOCK_N"],
         BLOCK_K=config["BLOCK_K"],
         num_warps=config["num_warps"],
@@ -117,18 +113,16 @@ def launch(
 def configs(m: int, n: int, k: int) -> list[dict]:
     """Candidates for one shape; only offered up to 4 tokens, where CUDA cores can keep up.
 
-    BLOCK_N 8-32 rows keeps several thousand programs in flight on 132 SMs; BLOCK_K 256-512
-    reads 128-256 contiguous bytes a row a step, enough outstanding loads to cover HBM latency
-    with 4 warps.
+    BLOCK_N 4-64 rows: several thousand programs on 132 SMs for every benchmark layer; BLOCK_K
+    256-1024 (128-512 bytes a row a step). The fp32 accumulator holds BLOCK_N x BLOCK_K/2
+    products, at most 64 a thread.
     """
     if m > 4:
         return []
-    bm = 1 if m == 1 else (2 if m == 2 else 4)
-    # The fp32 accumulator holds BLOCK_M x BLOCK_N x BLOCK_K/2 products: at most 64 a thread.
     return [
-        {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "num_stages": 2}
+        {"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "num_stages": 2}
         for bn in (4, 8, 16, 32, 64)
         for bk in (256, 512, 1024)
         for w in (4, 8)
-        if bm * bn * bk // 2 <= 64 * 32 * w and bn * bk // 2 >= 256 * w
+        if bn * bk // 2 <= 64 * 32 * w and bn * bk // 2 >= 256 * w
     ]

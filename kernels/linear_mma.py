@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from flashrt.kernels.decode import dot, interpreted, load_nvfp4_halves
+from flashrt.kernels.decode import dot, interpreted, k_mask, load_nvfp4_halves
 
 
 @triton.jit
@@ -41,6 +41,7 @@ def nvfp4_linear_mma_kernel(
     # meta-parameters
     HAS_BIAS: tl.constexpr,
     USE_PRMT: tl.constexpr,
+    EVEN_K: tl.constexpr,
     INTERPRETED: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -61,9 +62,9 @@ def nvfp4_linear_mma_kernel(
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         lo, hi = load_nvfp4_halves(
-            packed_ptr, scales_ptr, rows, n_mask, K, k0, stride_wn, stride_sn, BLOCK_N, BLOCK_K, USE_PRMT
+            packed_ptr, scales_ptr, rows, n_mask, K, k0, stride_wn, stride_sn, BLOCK_N, BLOCK_K, USE_PRMT, EVEN_K
         )
-        x_mask = m_mask[:, None] & (k0 + offs_k[None, :] < K)
+        x_mask = k_mask(m_mask, k0 + offs_k, K, EVEN_K)
         x = tl.load(x_row + k0 + offs_k[None, :], mask=x_mask, other=0.0).to(tl.bfloat16)
         x_even, x_odd = tl.split(tl.reshape(x, (BLOCK_M, HALF_K, 2)))
         acc = dot(lo, tl.trans(x_even), acc, INTERPRETED)
@@ -106,6 +107,7 @@ def launch(
         scales.stride(0),
         HAS_BIAS=bias is not None,
         USE_PRMT=use_prmt,
+        EVEN_K=k % config["BLOCK_K"] == 0,
         INTERPRETED=interpreted(),
         BLOCK_M=config["BLOCK_M"],
         BLOCK_N=config["BLOCK_N"],

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from flashrt.kernels.decode import dot, interpreted, load_bf16_halves, load_nvfp4_halves
+from flashrt.kernels.decode import dot, interpreted, k_mask, load_bf16_halves, load_nvfp4_halves
 
 GROUP_PAIRS = 128
 
@@ -107,6 +107,7 @@ def moe_gate_up_kernel(
     # meta-parameters
     WEIGHT_BF16: tl.constexpr,
     USE_PRMT: tl.constexpr,
+    EVEN_K: tl.constexpr,
     INTERPRETED: tl.constexpr,
     E_POW2: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -134,24 +135,35 @@ def moe_gate_up_kernel(
     acc_gate = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        x_mask = row_mask[:, None] & (k0 + offs_k[None, :] < K)
+        x_mask = k_mask(row_mask, k0 + offs_k, K, EVEN_K)
         x = tl.load(x_rows + k0 + offs_k[None, :], mask=x_mask, other=0.0).to(tl.bfloat16)
         x_even, x_odd = tl.split(tl.reshape(x, (BLOCK_M, HALF_K, 2)))
         x_even = tl.trans(x_even)
         x_odd = tl.trans(x_odd)
         if WEIGHT_BF16:
-            lo, hi = load_bf16_halves(packed_ptr, gate_rows, n_mask, K, k0, stride_wn, BLOCK_N, BLOCK_K)
+            lo, hi = load_bf16_halves(packed_ptr, gate_rows, n_mask, K, k0, stride_wn, BLOCK_N, BLOCK_K, EVEN_K)
         else:
             lo, hi = load_nvfp4_halves(
-                packed_ptr, scales_ptr, gate_rows, n_mask, K, k0, stride_wn, stride_sn, BLOCK_N, BLOCK_K, USE_PRMT
+                packed_ptr,
+                scales_ptr,
+                gate_rows,
+                n_mask,
+                K,
+                k0,
+                stride_wn,
+                stride_sn,
+                BLOCK_N,
+                BLOCK_K,
+                USE_PRMT,
+                EVEN_K,
             )
         acc_gate = dot(lo, x_even, acc_gate, INTERPRETED)
         acc_gate = dot(hi, x_odd, acc_gate, INTERPRETED)
         if WEIGHT_BF16:
-            lo, hi = load_bf16_halves(packed_ptr, up_rows, n_mask, K, k0, stride_wn, BLOCK_N, BLOCK_K)
+            lo, hi = load_bf16_halves(packed_ptr, up_rows, n_mask, K, k0, stride_wn, BLOCK_N, BLOCK_K, EVEN_K)
         else:
             lo, hi = load_nvfp4_halves(
-                packed_ptr, scales_ptr, up_rows, n_mask, K, k0, stride_wn, stride_sn, BLOCK_N, BLOCK_K, USE_PRMT
+                packed_ptr, scales_ptr, up_rows, n_mask, K, k0, stride_wn, stride_sn, BLOCK_N, BLOCK_K, USE_PRMT, EVEN_K
             )
         acc_up = dot(lo, x_even, acc_up, INTERPRETED)
         acc_up = dot(hi, x_odd, acc_up, INTERPRETED)
@@ -186,6 +198,7 @@ def moe_down_kernel(
     # meta-parameters
     WEIGHT_BF16: tl.constexpr,
     USE_PRMT: tl.constexpr,
+    EVEN_K: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
@@ -196,7 +209,7 @@ def moe_down_kernel(
     HALF_K: tl.constexpr = BLOCK_K // 2
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    offs_k = tl.arange(0, BLOCK_K)
+    offs_h = tl.arange(0, HALF_K)
 
     acc = tl.zeros((BLOCK_N, HALF_K), dtype=tl.float32)  # reduced across threads once, at the end
     for j in range(0, TOP_K):
@@ -208,13 +221,25 @@ def moe_down_kernel(
         part = tl.zeros((BLOCK_N, HALF_K), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             if WEIGHT_BF16:
-                lo, hi = load_bf16_halves(packed_ptr, w_rows, n_mask, K, k0, stride_wn, BLOCK_N, BLOCK_K)
+                lo, hi = load_bf16_halves(packed_ptr, w_rows, n_mask, K, k0, stride_wn, BLOCK_N, BLOCK_K, EVEN_K)
             else:
                 lo, hi = load_nvfp4_halves(
-                    packed_ptr, scales_ptr, w_rows, n_mask, K, k0, stride_wn, stride_sn, BLOCK_N, BLOCK_K, USE_PRMT
+                    packed_ptr,
+                    scales_ptr,
+                    w_rows,
+                    n_mask,
+                    K,
+                    k0,
+                    stride_wn,
+                    stride_sn,
+                    BLOCK_N,
+                    BLOCK_K,
+                    USE_PRMT,
+                    EVEN_K,
                 )
-            h = tl.load(h_row + k0 + offs_k, mask=k0 + offs_k < K, other=0.0).to(tl.float32)
-            h_even, h_odd = tl.split(tl.reshape(h, (HALF_K, 2)))
+            h_mask = (k0 + 2 * offs_h < K) | EVEN_K  # strided, not split: see linear_gemv
+            h_even = tl.load(h_row + k0 + 2 * offs_h, mask=h_mask, other=0.0).to(tl.float32)
+            h_odd = tl.load(h_row + k0 + 2 * offs_h + 1, mask=h_mask, other=0.0).to(tl.float32)
             part += lo.to(tl.float32) * h_even[None, :] + hi.to(tl.float32) * h_odd[None, :]
         acc += part * (weight * tl.load(global_scale_ptr + expert))
     acc = tl.sum(acc, axis=1)
@@ -293,6 +318,7 @@ def launch(
         gu_scales.stride(1) if not weight_bf16 else 0,
         WEIGHT_BF16=weight_bf16,
         USE_PRMT=use_prmt,
+        EVEN_K=k % config["BLOCK_K"] == 0,
         INTERPRETED=interpreted(),
         E_POW2=e_pow2,
         BLOCK_M=block_m,
@@ -319,6 +345,7 @@ def launch(
         dn_scales.stride(1) if not weight_bf16 else 0,
         WEIGHT_BF16=weight_bf16,
         USE_PRMT=use_prmt,
+        EVEN_K=n % config["DOWN_BLOCK_K"] == 0,
         BLOCK_N=config["DOWN_BLOCK_N"],
         BLOCK_K=config["DOWN_BLOCK_K"],
         num_warps=config["down_num_warps"],
