@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from flashrt.kernels.decode import k_mask, load_nvfp4_halves
+from flashrt.kernels.decode import load_nvfp4_halves
 
 
 @triton.jit
