@@ -135,7 +135,9 @@ def quantize_reference(weight: torch.Tensor) -> NVFP4Weight:
     g = global_scale.reshape(*batch, 1, 1, 1)
     blocks = w.reshape(*batch, n, k // BLOCK_SIZE, BLOCK_SIZE)
     block_amax = blocks.abs().amax(dim=-1, keepdim=True)
-    scales = (block_amax / E2M1_MAX / g).to(torch.float8_e4m3fn)
+    # The block holding the tensor's amax lands on 448 give or take an ulp; float8 casts of
+    # anything above 448 are NaN in torch, so clamp first (the kernel rounds the same way).
+    scales = (block_amax / E2M1_MAX / g).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
     denom = scales.float() * g
     codes = e2m1_codes(torch.where(denom > 0, blocks / denom, torch.zeros_like(blocks)))
     codes = codes.reshape(*batch, n, k // 2, 2)

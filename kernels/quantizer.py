@@ -76,7 +76,7 @@ def quantize_kernel(
     amax = tl.load(amax_ptr + batch)
     g = tl.where(amax > 0, tl.math.div_rn(amax, 2688.0), 1.0)  # E2M1_MAX * E4M3_MAX
     block_amax = tl.max(tl.abs(w), axis=2)
-    scale = round_to_e4m3(tl.math.div_rn(tl.math.div_rn(block_amax, 6.0), g)).to(tl.float8e4nv)
+    scale = round_to_e4m3(tl.minimum(tl.math.div_rn(tl.math.div_rn(block_amax, 6.0), g), 448.0)).to(tl.float8e4nv)
     denom = scale.to(tl.float32) * g
     safe = tl.where(denom > 0, denom, 1.0)
     q = tl.where(denom[:, :, None] > 0, tl.math.div_rn(w, safe[:, :, None]), 0.0)
