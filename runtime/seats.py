@@ -1,0 +1,392 @@
+"""Seats: where a packed kernel stands in for the host's computation, and how it gets there.
+
+``discover(model, profile) -> [SeatSpec]`` finds seats by structure, never by class or model
+name: a projection is a module with a 2-D ``weight`` and ``in_features``/``out_features``; an
+expert bank has 3-D ``gate_up_proj [E, 2N, K]`` and ``down_proj [E, K, N]`` (transformers v5's
+fused experts); the LM head is the model's output embedding.
+
+``attach(model, profile) -> Handle`` binds them smallest first (early frees make room for the big
+binds on tight cards). A seat is bound only if its output on calibration input reaches the
+parity floor against the host's; otherwise it is refused with the measured figure, and the
+module is left exactly as it was. ``Handle.detach()`` restores the model bit for bit: the same
+module objects, the same parameter objects with the same bytes.
+
+Binding a projection moves its bf16 weight off the device (to host memory, kept for detach) and
+serves it from the NVFP4 copy. A seam that raises is served by the host path (the plain-torch
+reference on the packed weight; for experts, the retained host bank) and counted; after
+``max_faults`` faults the seat detaches itself and the host serves from then on.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from flashrt.kernels import NVFP4Weight, linear, linear_reference, moe, moe_reference, quantize
+from flashrt.runtime.metrics import metrics
+from flashrt.runtime.profile import SeatProfile
+
+log = logging.getLogger("flashrt")
+CALIBRATION_ROWS = 8
+
+
+@dataclass(frozen=True)
+class SeatSpec:
+    name: str
+    kind: str  # dense | experts | head
+    module: torch.nn.Module
+    params: int
+    tied: bool = False  # the head shares its weight with the input embedding
+
+
+def _is_projection(module: torch.nn.Module) -> bool:
+    w = getattr(module, "weight", None)
+    return (
+        isinstance(w, torch.nn.Parameter)
+        and w.dim() == 2
+        and hasattr(module, "in_features")
+        and hasattr(module, "out_features")
+    )
+
+
+def _is_expert_bank(module: torch.nn.Module) -> bool:
+    gu, dn = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+    if not (isinstance(gu, torch.nn.Parameter) and isinstance(dn, torch.nn.Parameter)):
+        return False
+    return (
+        gu.dim() == 3
+        and dn.dim() == 3
+        and gu.shape[0] == dn.shape[0]
+        and dn.shape[1:] == (gu.shape[2], gu.shape[1] // 2)
+    )
+
+
+def discover(model: torch.nn.Module, profile: SeatProfile) -> list[SeatSpec]:
+    """Seats the profile admits, smallest first."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    found = []
+    for name, module in model.named_modules():
+        if module is head and _is_projection(module):
+            kind = "head"
+            params = module.weight.numel()
+        elif _is_projection(module):
+            kind = "dense"
+            params = module.weight.numel()
+        elif _is_expert_bank(module):
+            kind = "experts"
+            params = module.gate_up_proj.numel() + module.down_proj.numel()
+        else:
+            continue
+        if kind not in profile.kinds or params < profile.min_params:
+            continue
+        if profile.include and not any(fnmatch.fnmatchcase(name, p) for p in profile.include):
+            continue
+        if any(fnmatch.fnmatchcase(name, p) for p in profile.exclude):
+            continue
+        tied = kind == "head" and embedding is not None and embedding.weight is module.weight
+        found.append(SeatSpec(name, kind, module, params, tied))
+    return sorted(found, key=lambda s: s.params)
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(F.cosine_similarity(a.float().flatten(), b.float().flatten(), dim=0))
+
+
+def _nbytes(*tensors: torch.Tensor) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class Refused(Exception):
+    """A seat that cannot be bound; the message is the reason a platform engineer reads."""
+
+
+@dataclass
+class Seat:
+    spec: SeatSpec
+    profile: SeatProfile
+    state: str = "pending"  # seated | refused | self_detached | detached
+    reason: str = ""
+    parity: float | None = None
+    calls: int = 0
+    fallbacks: int = 0
+    bytes_before: int = 0
+    bytes_after: int = 0
+    seam: object = field(default=None, repr=False)  # what the module's forward calls while seated
+    _stash: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def kind(self) -> str:
+        return self.spec.kind
+
+    # -- serving ----------------------------------------------------------------------------------
+
+    def _serve(self, seam, host, *args):
+        try:
+            out = seam(*args)
+            self.calls += 1
+            metrics()["flashrt_seat_calls_total"].labels(self.kind).inc()
+            return out
+        except Exception as exc:
+            self.fallbacks += 1
+            reason = type(exc).__name__
+            metrics()["flashrt_seat_fallbacks_total"].labels(self.kind, reason).inc()
+            log.warning("flashrt: seat %s fell back to the host (%s: %s)", self.name, reason, exc)
+            if self.fallbacks >= self.profile.max_faults:
+                self.unbind()
+                self.state = "self_detached"
+                self.reason = f"{self.fallbacks} faults, last {reason}: {exc}"
+                metrics()["flashrt_seat_self_detached_total"].labels(self.kind).inc()
+                log.warning("flashrt: seat %s detached itself after %d faults", self.name, self.fallbacks)
+                return self.spec.module(*args)
+            return host(*args)
+
+    # -- binding ----------------------------------------------------------------------------------
+
+    def bind(self) -> None:
+        raise NotImplementedError
+
+    def unbind(self) -> None:
+        """Restore the host module exactly: drop the forward override, give the bytes back."""
+        module = self.spec.module
+        if "forward" in module.__dict__:
+            del module.forward
+        for param, data in self._stash.items():
+            param.data = data.to(param.device) if data.device != param.device else data
+        self._stash.clear()
+
+    def _free(self, param: torch.nn.Parameter) -> None:
+        """Move a parameter's bytes to host memory; the Parameter object stays where it is."""
+        self._stash[param] = param.data.cpu() if param.is_cuda else param.data
+        param.data = torch.empty(0, dtype=param.dtype, device=param.device)
+
+
+def _calibration(rows: int, k: int, like: torch.Tensor) -> torch.Tensor:
+    gen = torch.Generator(device=like.device).manual_seed(0)
+    dtype = like.dtype if like.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+    return torch.randn(rows, k, generator=gen, device=like.device, dtype=torch.float32).to(dtype)
+
+
+class ProjectionSeat(Seat):
+    """A dense projection or the LM head: ``y = x W^T + b`` through ``flashrt.kernels.linear``."""
+
+    def bind(self) -> None:
+        module = self.spec.module
+        weight = module.weight
+        bias = getattr(module, "bias", None)
+        if weight.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            raise Refused(f"weight dtype {weight.dtype} is not a float weight")
+        if weight.shape[1] % 16:
+            raise Refused(f"K = {weight.shape[1]} is not a multiple of 16 (NVFP4 blocks)")
+        rows = self.profile.head_slab_rows if self.kind == "head" else weight.shape[0]
+        slabs = [quantize(weight.detach()[i : i + rows]) for i in range(0, weight.shape[0], rows)]
+        x = _calibration(CALIBRATION_ROWS, weight.shape[1], weight)
+        host = F.linear(x.to(weight.dtype), weight.detach())
+        seam = self._seam(slabs, None)(x)
+        self.parity = _cosine(seam, host)
+        if self.parity < self.profile.parity_floor:
+            raise Refused(f"parity {self.parity:.4f} under the floor {self.profile.parity_floor}")
+        self.bytes_before = _nbytes(weight)
+        self.bytes_after = sum(s.nbytes for s in slabs)
+        tied = self.spec.tied
+        if not tied:
+            self._free(weight)
+        self.seam = self._seam(slabs, bias)
+        reference = self._reference(slabs, bias)
+        module.forward = lambda x: self._serve(self.seam, reference, x)
+        self.state = "seated"
+        self.reason = "tied to the input embedding: bf16 weight kept for it" if tied else ""
+
+    @staticmethod
+    def _seam(slabs: list[NVFP4Weight], bias: torch.Tensor | None):
+        def run(x: torch.Tensor) -> torch.Tensor:
+            xs = x if x.dtype in (torch.bfloat16, torch.float16) else x.to(torch.bfloat16)
+            outs = [linear(xs, s) for s in slabs]
+            out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+            if bias is not None:
+                out = out + bias.to(out.dtype)
+            return out.to(x.dtype)
+
+        return run
+
+    @staticmethod
+    def _reference(slabs: list[NVFP4Weight], bias: torch.Tensor | None):
+        def run(x: torch.Tensor) -> torch.Tensor:
+            flat = x.reshape(-1, x.shape[-1])
+            xs = flat if flat.dtype in (torch.bfloat16, torch.float16) else flat.to(torch.bfloat16)
+            out = torch.cat([linear_reference(xs, s) for s in slabs], dim=-1)
+            if bias is not None:
+                out = out + bias.to(out.dtype)
+            return out.reshape(*x.shape[:-1], -1).to(x.dtype)
+
+        return run
+
+
+class ExpertSeat(Seat):
+    """A fused expert bank: rows up to the MoE band go to the packed bank, more to the host."""
+
+    def bind(self) -> None:
+        module = self.spec.module
+        gu_w, dn_w = module.gate_up_proj, module.down_proj
+        if gu_w.shape[2] % 16 or dn_w.shape[2] % 16:
+            raise Refused(f"hidden {gu_w.shape[2]} or intermediate {dn_w.shape[2]} is not a multiple of 16")
+        host_forward = module.forward  # the bound method of the class
+        gate_up, down = quantize(gu_w.detach()), quantize(dn_w.detach())
+        e, k = gu_w.shape[0], gu_w.shape[2]
+        x = _calibration(CALIBRATION_ROWS * 2, k, gu_w)
+        gen = torch.Generator(device=gu_w.device).manual_seed(1)
+        top_k = min(getattr(module, "top_k", 8), e)
+        probs = torch.rand(x.shape[0], e, generator=gen, device=gu_w.device).softmax(-1)
+        weights, ids = torch.topk(probs, top_k)
+        weights = (weights / weights.sum(-1, keepdim=True)).to(x.dtype)
+        with torch.no_grad():
+            host = host_forward(x.to(gu_w.dtype), ids, weights.to(gu_w.dtype))
+            seam = moe(x, gate_up, down, ids, weights)
+        self.parity = _cosine(seam, host)
+        if self.parity < self.profile.parity_floor:
+            raise Refused(f"parity {self.parity:.4f} under the floor {self.profile.parity_floor}")
+        self.bytes_before = _nbytes(gu_w, dn_w)
+        self.bytes_after = gate_up.nbytes + down.nbytes
+        band = self.profile.moe_band_t
+        retain = self.profile.retain_host_experts
+        if not retain:
+            self._free(gu_w)
+            self._free(dn_w)
+        else:
+            self.bytes_after += self.bytes_before
+
+        def seam_fn(hidden, top_k_index, top_k_weights):
+            h = hidden if hidden.dtype in (torch.bfloat16, torch.float16) else hidden.to(torch.bfloat16)
+            return moe(h, gate_up, down, top_k_index, top_k_weights.to(h.dtype)).to(hidden.dtype)
+
+        def reference(hidden, top_k_index, top_k_weights):
+            h = hidden if hidden.dtype in (torch.bfloat16, torch.float16) else hidden.to(torch.bfloat16)
+            return moe_reference(h, gate_up, down, top_k_index, top_k_weights).to(hidden.dtype)
+
+        self.seam = seam_fn
+
+        def forward(hidden, top_k_index, top_k_weights):
+            if retain and hidden.shape[0] > band:
+                return host_forward(hidden, top_k_index, top_k_weights)
+            return self._serve(self.seam, host_forward if retain else reference, hidden, top_k_index, top_k_weights)
+
+        module.forward = forward
+        self.state = "seated"
+        self.reason = f"band {band} rows" + ("; bf16 bank retained for larger batches" if retain else "")
+
+
+SEAT_TYPES = {"dense": ProjectionSeat, "head": ProjectionSeat, "experts": ExpertSeat}
+
+
+@dataclass
+class Handle:
+    """What ``attach`` installed; ``detach()`` gives the model back as it was."""
+
+    model: torch.nn.Module
+    profile: SeatProfile
+    seats: list[Seat]
+    notes: list[str]
+    attach_seconds: float = 0.0
+
+    def detach(self) -> None:
+        for seat in reversed(self.seats):
+            if seat.state == "seated":
+                seat.unbind()
+                seat.state = "detached"
+        _publish(self)
+
+    def summary(self) -> dict:
+        seated = [s for s in self.seats if s.state == "seated"]
+        return {
+            "seams": len(seated),
+            "calls": sum(s.calls for s in self.seats),
+            "fallbacks": sum(s.fallbacks for s in self.seats),
+            "seams_fell_back": sum(1 for s in self.seats if s.fallbacks),
+            "self_detached": sum(1 for s in self.seats if s.state == "self_detached"),
+            "never_called": sum(1 for s in seated if not s.calls),
+            "clean": sum(1 for s in seated if s.calls and not s.fallbacks),
+            "refused": {s.name: s.reason for s in self.seats if s.state == "refused"},
+            "weight_bytes_before": sum(s.bytes_before for s in seated),
+            "weight_bytes_after": sum(s.bytes_after for s in seated),
+        }
+
+    def table(self) -> str:
+        rows = {}
+        for s in self.seats:
+            r = rows.setdefault((s.kind, s.state), [0, 0, 0, None])
+            r[0] += 1
+            r[1] += s.bytes_before
+            r[2] += s.bytes_after
+            if s.parity is not None:
+                r[3] = s.parity if r[3] is None else min(r[3], s.parity)
+        lines = [f"{'kind':8s} {'state':14s} {'seats':>5s} {'before MiB':>10s} {'after MiB':>10s} {'min parity':>10s}"]
+        for (kind, state), (n, before, after, parity) in sorted(rows.items()):
+            p = f"{parity:10.4f}" if parity is not None else f"{'-':>10s}"
+            lines.append(f"{kind:8s} {state:14s} {n:5d} {before / 2**20:10.2f} {after / 2**20:10.2f} {p}")
+        for s in self.seats:
+            if s.state == "refused":
+                lines.append(f"refused {s.name}: {s.reason}")
+        return "\n".join(lines)
+
+
+def _publish(handle: Handle) -> None:
+    m = metrics()
+    for kind in ("dense", "experts", "head"):
+        for state in ("seated", "refused", "self_detached"):
+            m["flashrt_seats"].labels(kind, state).set(
+                sum(1 for s in handle.seats if s.kind == kind and s.state == state)
+            )
+        seated = [s for s in handle.seats if s.kind == kind and s.state == "seated"]
+        m["flashrt_weight_bytes"].labels(kind, "host").set(sum(s.bytes_before for s in seated))
+        m["flashrt_weight_bytes"].labels(kind, "seated").set(sum(s.bytes_after for s in seated))
+        parities = [s.parity for s in seated if s.parity is not None]
+        if parities:
+            m["flashrt_seat_parity"].labels(kind).set(min(parities))
+    m["flashrt_attach_seconds"].set(handle.attach_seconds)
+    m["flashrt_no_seats"].set(0 if any(s.state == "seated" for s in handle.seats) else 1)
+
+
+def attach(model: torch.nn.Module, profile: SeatProfile | None = None) -> Handle:
+    """Seat every admitted projection, expert bank and LM head of ``model``; never raises for a
+    seat that cannot be bound (``profile.strict`` raises when none could)."""
+    import triton
+    from flashrt import __version__
+
+    profile = profile or SeatProfile()
+    start = time.perf_counter()
+    seats, notes = [], []
+    for spec in discover(model, profile):
+        seat = SEAT_TYPES[spec.kind](spec, profile)
+        try:
+            with torch.no_grad():
+                seat.bind()
+            notes.append(f"{spec.name}: {spec.kind}, {spec.params} params, parity {seat.parity:.5f}, seated")
+        except Refused as exc:
+            seat.unbind()
+            seat.state, seat.reason = "refused", str(exc)
+            notes.append(f"{spec.name}: {spec.kind}, refused: {exc}")
+        except Exception as exc:  # a seat that cannot be bound is refused; the engine still starts
+            seat.unbind()
+            seat.state, seat.reason = "refused", f"{type(exc).__name__}: {exc}"
+            notes.append(f"{spec.name}: {spec.kind}, refused: {type(exc).__name__}: {exc}")
+        seats.append(seat)
+    handle = Handle(model, profile, seats, notes, time.perf_counter() - start)
+    form = "triton" if any(p.is_cuda for p in model.parameters()) else "reference"
+    metrics()["flashrt_runtime_info"].labels(__version__, torch.__version__, triton.__version__, form).set(1)
+    _publish(handle)
+    log.info("flashrt: attach took %.2f s\n%s", handle.attach_seconds, handle.table())
+    if not any(s.state == "seated" for s in seats):
+        reasons = "; ".join(f"{s.name}: {s.reason}" for s in seats) or "no seat found in the model"
+        if profile.strict:
+            handle.detach()
+            raise RuntimeError(f"flashrt: strict profile and nothing could be seated: {reasons}")
+        log.warning("flashrt: activation on, but nothing was seated: %s", reasons)
+    return handle
