@@ -5,7 +5,6 @@ import hashlib
 import pytest
 import torch
 import torch.nn.functional as F
-
 from flashrt.runtime import SeatProfile, attach, discover, from_env
 from flashrt.runtime.metrics import render
 
@@ -69,7 +68,7 @@ def test_discovery_is_structural_and_smallest_first():
     kinds = {s.kind for s in specs}
     assert kinds == {"dense", "experts", "head"}
     assert [s.params for s in specs] == sorted(s.params for s in specs)
-    assert not any("gate" == s.name.rsplit(".", 1)[-1] for s in specs), "the router is not a projection"
+    assert not any(s.name.rsplit(".", 1)[-1] == "gate" for s in specs), "the router is not a projection"
     assert not any("embed" in s.name for s in specs)
 
 
@@ -139,7 +138,7 @@ def test_a_refused_seat_leaves_its_layer_untouched():
 def test_strict_profile_raises_with_the_reasons_and_leaves_the_model_as_it_was():
     model = _llama()
     before = _fingerprint(model)
-    with pytest.raises(RuntimeError, match="strict profile and nothing could be seated: .*parity"):
+    with pytest.raises(RuntimeError, match=r"strict profile and nothing could be seated: .*parity"):
         attach(model, SeatProfile(min_params=0, parity_floor=1.0, strict=True))
     assert _fingerprint(model) == before
 
@@ -260,7 +259,7 @@ def test_serve_exposes_the_metrics_over_http():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server, thread = serve(port, addr="127.0.0.1")
+    server, _ = serve(port, addr="127.0.0.1")
     try:
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
         assert "flashrt_seats" in body
