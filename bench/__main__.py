@@ -1,12 +1,17 @@
-"""``python -m flashrt.bench kernels [--quick] [--only linear|moe|quantize] [--out PATH]``."""
+"""usage: python -m flashrt.bench kernels [--quick] [--only linear|moe|quantize] [--out PATH]
+python -m flashrt.bench seats [--layers N] [--tokens N] [--out PATH]"""
 
 import sys
 
 
 def main() -> int:
-    if len(sys.argv) < 2 or sys.argv[1] not in {"kernels"}:
-        print("usage: python -m flashrt.bench kernels [--quick] [--only linear|moe|quantize] [--out PATH]")
+    if len(sys.argv) < 2 or sys.argv[1] not in {"kernels", "seats"}:
+        print(__doc__)
         return 2
+    if sys.argv[1] == "seats":
+        from flashrt.bench import seats
+
+        return seats.main(sys.argv[2:])
     from flashrt.bench import kernels
 
     return kernels.main(sys.argv[2:])

@@ -1,0 +1,100 @@
+"""``python -m flashrt.bench seats``: attach to a Qwen3-30B-A3B-shaped model on the GPU.
+
+Random weights built by transformers from the real config (no download), fewer layers than
+48 so that the run fits one call (stated in the result). Reports per-kind seats, attach time,
+weight memory before and after, first-step logits cosine against bf16, and greedy decode speed
+through ``generate()`` for both arms (host time included, as design.md warns).
+
+Random Gaussian weights give expert banks a parity near 0.987 against bf16 (two chained NVFP4
+GEMMs and a gate); the run uses a floor of 0.98 so that the banks are seated, and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from flashrt.bench.kernels import provenance
+from flashrt.runtime import SeatProfile, attach
+
+
+def _model(layers: int):
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    config = Qwen3MoeConfig(
+        vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+        num_hidden_layers=layers, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+        num_experts=128, num_experts_per_tok=8, decoder_sparse_step=1, norm_topk_prob=True,
+        max_position_embeddings=4096, tie_word_embeddings=False,
+    )  # fmt: skip
+    with torch.device("cuda"):
+        return Qwen3MoeForCausalLM(config).to(torch.bfloat16).eval()
+
+
+def _decode_tok_s(model, prompt, tokens: int) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
+    torch.cuda.synchronize()
+    assert out.shape[1] == prompt.shape[1] + tokens
+    return prompt.shape[0] * tokens / (time.perf_counter() - start)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flashrt.bench seats")
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("flashrt bench seats needs a CUDA GPU: this machine has none.")
+        return 2
+    result = provenance() | {"model": "Qwen3-30B-A3B-shaped, random weights", "layers": args.layers}
+    model = _model(args.layers)
+    torch.manual_seed(0)
+    prompt = torch.randint(0, 151936, (1, 32), device="cuda")
+    with torch.no_grad():
+        host_logits = model(prompt).logits[:, -1].float()
+    _decode_tok_s(model, prompt, 4)  # warm-up
+    result["bf16_decode_tok_s"] = _decode_tok_s(model, prompt, args.tokens)
+    profile = SeatProfile(parity_floor=0.98)
+    torch.cuda.reset_peak_memory_stats()
+    before_alloc = torch.cuda.memory_allocated()
+    handle = attach(model, profile)
+    result["attach_seconds"] = handle.attach_seconds
+    result["attach_peak_extra_bytes"] = torch.cuda.max_memory_allocated() - before_alloc
+    with torch.no_grad():
+        seated_logits = model(prompt).logits[:, -1].float()
+    result["first_step_logits_cosine"] = float(F.cosine_similarity(seated_logits, host_logits, dim=-1).min())
+    _decode_tok_s(model, prompt, 4)
+    result["seated_decode_tok_s"] = _decode_tok_s(model, prompt, args.tokens)
+    summary = handle.summary()
+    kinds = {}
+    for s in handle.seats:
+        k = kinds.setdefault(
+            s.kind, {"seated": 0, "refused": 0, "bytes_before": 0, "bytes_after": 0, "min_parity": 1.0}
+        )
+        k["seated" if s.state == "seated" else "refused"] += 1
+        if s.state == "seated":
+            k["bytes_before"] += s.bytes_before
+            k["bytes_after"] += s.bytes_after
+            k["min_parity"] = min(k["min_parity"], s.parity)
+    result["kinds"] = kinds
+    result["summary"] = {k: v for k, v in summary.items() if k != "refused"} | {"refused": len(summary["refused"])}
+    result["parity_floor"] = profile.parity_floor
+    print(handle.table())
+    print(json.dumps({k: v for k, v in result.items() if k != "kinds"}, indent=1))
+    gpu = result["device"].lower().replace("nvidia ", "").replace(" ", "-")
+    out = Path(args.out or Path(__file__).resolve().parent / "results" / f"{gpu}-seats.json")
+    out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
