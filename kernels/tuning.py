@@ -156,5 +156,9 @@ class Tuner:
     def notes(self, shape_key: str) -> tuple[str, ...]:
         return self._notes.get(shape_key, ())
 
+    def all_notes(self) -> dict[str, tuple[str, ...]]:
+        """Every adjudication this process measured: shape key -> one note per candidate."""
+        return dict(self._notes)
+
 
 TUNER = Tuner()

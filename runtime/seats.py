@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from flashrt.kernels import NVFP4Weight, linear, linear_reference, moe, moe_reference, quantize
+from flashrt.kernels.tuning import TUNER
 from flashrt.runtime.metrics import metrics
 from flashrt.runtime.profile import SeatProfile
 
@@ -378,6 +379,11 @@ def attach(model: torch.nn.Module, profile: SeatProfile | None = None) -> Handle
             seat.state, seat.reason = "refused", f"{type(exc).__name__}: {exc}"
             notes.append(f"{spec.name}: {spec.kind}, refused: {type(exc).__name__}: {exc}")
         seats.append(seat)
+    if any(p.is_cuda for p in model.parameters()):
+        # Calibration calls ran the adjudication for their shapes: keep every outcome.
+        notes += [f"kernel {key}: " + "; ".join(outcomes) for key, outcomes in TUNER.all_notes().items()]
+    else:
+        notes.append("kernels: the plain-torch reference serves every seam (no CUDA device)")
     handle = Handle(model, profile, seats, notes, time.perf_counter() - start)
     form = "triton" if any(p.is_cuda for p in model.parameters()) else "reference"
     metrics()["flashrt_runtime_info"].labels(__version__, torch.__version__, triton.__version__, form).set(1)
