@@ -1,0 +1,55 @@
+"""Form adjudication: the pure decision and the per-device cache."""
+
+import json
+
+from flashrt.kernels.tuning import Outcome, Tuner, adjudicate, bucket, candidate
+
+A = candidate("gemv", {"BLOCK_N": 8})
+B = candidate("mma", {"BLOCK_N": 64})
+W4A4 = candidate("w4a4", {"BLOCK_N": 64}, precision=-1)
+
+
+def test_fastest_qualified_candidate_wins_and_every_outcome_is_noted():
+    verdict = adjudicate([Outcome(A, 10.0, 0.999), Outcome(B, 8.0, 0.999), Outcome(W4A4, refused="no build for sm_90")])
+    assert verdict.winner == B
+    assert any("refused: no build for sm_90" in n for n in verdict.notes)
+    assert verdict.notes[-1].startswith("winner mma")
+
+
+def test_a_candidate_under_the_parity_floor_never_wins():
+    verdict = adjudicate([Outcome(A, 10.0, 0.999), Outcome(B, 1.0, 0.98)])
+    assert verdict.winner == A
+    assert any("parity 0.9800 under floor 0.99" in n for n in verdict.notes)
+
+
+def test_inside_the_win_margin_the_higher_precision_form_wins():
+    assert adjudicate([Outcome(A, 10.0, 0.999), Outcome(W4A4, 9.8, 0.995)]).winner == A
+    assert adjudicate([Outcome(A, 10.0, 0.999), Outcome(W4A4, 9.0, 0.995)]).winner == W4A4
+
+
+def test_nothing_qualified_gives_no_winner():
+    assert adjudicate([Outcome(A, refused="x"), Outcome(B, 5.0, 0.5)]).winner is None
+
+
+def test_token_counts_share_a_choice_with_the_next_power_of_two():
+    assert [bucket(m) for m in (1, 2, 3, 5, 16, 17, 2048, 9000)] == [1, 2, 4, 8, 16, 32, 2048, 4096]
+
+
+def test_choices_are_measured_once_and_cached_per_device(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHRT_CACHE_DIR", str(tmp_path))
+    measured = []
+
+    def measure(c):
+        measured.append(c)
+        return Outcome(c, {"gemv": 3.0, "mma": 5.0}[c.form], 0.999)
+
+    tuner = Tuner()
+    assert tuner.choose("H200", "linear:M1", [A, B], measure, may_measure=True) == A
+    assert tuner.choose("H200", "linear:M1", [A, B], measure, may_measure=True) == A
+    assert len(measured) == 2, "a process never re-tunes a shape"
+    saved = json.loads((tmp_path / "tuning-H200.json").read_text())
+    assert saved["linear:M1"]["form"] == "gemv"
+    fresh = Tuner()  # another process on the same node
+    assert fresh.choose("H200", "linear:M1", [B, A], measure, may_measure=True) == A
+    assert len(measured) == 2
+    assert fresh.choose("B200", "linear:M1", [B, A], measure, may_measure=False) == B, "no timing inside capture"
