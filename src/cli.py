@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from flashrt import __version__
 
@@ -13,7 +14,21 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="seat NVFP4 kernels into a small generated model and print the seat table")
     demo.add_argument("--tokens", type=int, default=24, help="tokens to generate greedily")
+    for name, text in (("inject", "print the manifests with flashrt injected into their vLLM pods"),
+                       ("uninject", "print the manifests with exactly what inject added removed")):  # fmt: skip
+        sub_parser = sub.add_parser(name, help=text)
+        sub_parser.add_argument("-f", "--filename", required=True, help="manifest file, or - for standard input")
+        if name == "inject":
+            sub_parser.add_argument("--profile", help="a SeatProfile manifest (default: the default profile)")
     args = parser.parse_args(argv)
+    if args.command in ("inject", "uninject"):
+        from flashrt.operator.manifests import run
+
+        try:
+            return run(args.command, args.filename, getattr(args, "profile", None))
+        except (OSError, ValueError) as exc:
+            print(f"flashrt {args.command}: {exc}", file=sys.stderr)
+            return 2
     if args.command == "demo":
         from flashrt.demo import main as demo_main
 

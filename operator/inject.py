@@ -1,0 +1,274 @@
+"""Pod injection as one pure function: ``inject(pod, profile, settings) -> Injection``.
+
+The webhook, ``flashrt inject`` and the tests all call it. It takes values and returns values:
+no API client, no logger. The result holds the mutated pod and the JSON patch from the input to
+it (made by ``jsonpatch``), a status and, for skips, the reason.
+
+What it adds (design.md, data flow step 2): an init container that copies the runtime bundle
+into an emptyDir; that folder first on the vLLM container's ``PYTHONPATH`` (an existing literal
+value is kept after it); ``FLASHRT_ENABLE=1`` and the profile's ``FLASHRT_*`` settings; the
+engine environment where the user has not set it; ``PROMETHEUS_MULTIPROC_DIR`` on an emptyDir;
+node affinity for the allowed GPU compute majors; ``flashrt.io/status``. User settings win: an
+environment variable the user set is never overwritten.
+
+Skips are decisions, not errors: already injected, no vLLM container, ``PYTHONPATH`` from
+``valueFrom``, or a user setting that would stop the seats. The pod then changes only by its
+status annotation. Everything inject adds is recorded in ``flashrt.io/injected``, so
+``uninject`` removes exactly that: ``uninject(inject(pod)) == pod``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from flashrt.operator.constants import (
+    BUNDLE_MOUNT,
+    BUNDLE_SIZE_LIMIT,
+    BUNDLE_VOLUME,
+    COMPUTE_MAJOR_LABEL,
+    CONTAINER_ANNOTATION,
+    DEFAULT_RUNTIME_IMAGE,
+    ENGINE_ENV,
+    INIT_CONTAINER,
+    METRICS_MOUNT,
+    METRICS_SIZE_LIMIT,
+    METRICS_VOLUME,
+    RECORD_ANNOTATION,
+    STATUS_ANNOTATION,
+)
+from flashrt.operator.profile import Profile
+
+RESTRICTED_SECURITY_CONTEXT = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+    "runAsUser": 65532,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+INIT_RESOURCES = {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"cpu": "200m", "memory": "128Mi"}}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Operator-wide choices (Helm values), as opposed to a profile's."""
+
+    runtime_image: str = DEFAULT_RUNTIME_IMAGE
+
+
+@dataclass(frozen=True)
+class Injection:
+    pod: dict
+    patch: list
+    status: str  # "injected", "skipped: <reason>", or "unchanged" (already injected)
+    container: str | None = None
+
+    @property
+    def injected(self) -> bool:
+        return self.status == "injected"
+
+    @property
+    def reason(self) -> str | None:
+        return self.status.removeprefix("skipped: ") if self.status.startswith("skipped") else None
+
+
+def _looks_like_vllm(container: Mapping) -> bool:
+    words = [container.get("image", ""), *(container.get("command") or []), *(container.get("args") or [])]
+    text = " ".join(str(w) for w in words).lower()
+    return "vllm" in text
+
+
+def find_target(pod: Mapping) -> tuple[int | None, str | None]:
+    """Index of the container running vLLM, or a reason there is none."""
+    containers = (pod.get("spec") or {}).get("containers") or []
+    named = ((pod.get("metadata") or {}).get("annotations") or {}).get(CONTAINER_ANNOTATION)
+    if named:
+        for i, c in enumerate(containers):
+            if c.get("name") == named:
+                return i, None
+        return None, f"{CONTAINER_ANNOTATION} names container {named!r}, which the pod does not have"
+    matches = [i for i, c in enumerate(containers) if _looks_like_vllm(c)]
+    if not matches:
+        return None, "no vLLM container (image, command or args mention vllm); name one with " + CONTAINER_ANNOTATION
+    if len(matches) > 1:
+        names = [containers[i].get("name") for i in matches]
+        return None, f"several containers look like vLLM ({names}); name the one to seat with {CONTAINER_ANNOTATION}"
+    return matches[0], None
+
+
+def _conflict(env: list[dict]) -> str | None:
+    """A user setting under which seats could not work."""
+    by_name = {e.get("name"): e for e in env}
+    pythonpath = by_name.get("PYTHONPATH")
+    if pythonpath is not None and "valueFrom" in pythonpath:
+        return "PYTHONPATH comes from valueFrom, so the bundle cannot be prepended; set it as a literal value"
+    plugins = by_name.get("VLLM_PLUGINS")
+    if plugins is not None and "value" in plugins and plugins["value"] and "flashrt" not in plugins["value"].split(","):
+        return f"VLLM_PLUGINS={plugins['value']!r} does not allow the flashrt plugin; add flashrt to it"
+    enable = by_name.get("FLASHRT_ENABLE")
+    if enable is not None and str(enable.get("value", "")).strip().lower() in ("0", "false", "no", "off"):
+        return "FLASHRT_ENABLE is set to off in the container; remove it to seat"
+    return None
+
+
+def _node_affinity(spec: dict, profile: Profile) -> dict | None:
+    """Add the compute-major constraint; returns what was added, for uninject."""
+    if profile.placement == "None":
+        return None
+    expression = {"key": COMPUTE_MAJOR_LABEL, "operator": "In", "values": [str(m) for m in profile.compute_majors]}
+    node = spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
+    if profile.placement == "Required":
+        required = node.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {"nodeSelectorTerms": []})
+        terms = required.setdefault("nodeSelectorTerms", [])
+        if not terms:
+            terms.append({"matchExpressions": [expression]})
+            return {"required": "term"}
+        for term in terms:  # terms are ORed: the constraint must join every one of them
+            term.setdefault("matchExpressions", []).append(copy.deepcopy(expression))
+        return {"required": "expressions"}
+    preferred = node.setdefault("preferredDuringSchedulingIgnoredDuringExecution", [])
+    preferred.append({"weight": 100, "preference": {"matchExpressions": [expression]}})
+    return {"preferred": "term"}
+
+
+def _skip(pod: dict, reason: str) -> Injection:
+    import jsonpatch
+
+    out = copy.deepcopy(pod)
+    out.setdefault("metadata", {}).setdefault("annotations", {})[STATUS_ANNOTATION] = f"skipped: {reason}"
+    return Injection(out, jsonpatch.make_patch(pod, out).patch, f"skipped: {reason}")
+
+
+def inject(pod: Mapping, profile: Profile, settings: Settings | None = None) -> Injection:
+    """The pod with flashrt injected into its vLLM container, or unchanged but for a skip status."""
+    import jsonpatch
+
+    settings = settings or Settings()
+    pod = copy.deepcopy(dict(pod))
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    if annotations.get(STATUS_ANNOTATION) == "injected" or RECORD_ANNOTATION in annotations:
+        return Injection(pod, [], "unchanged")
+    index, reason = find_target(pod)
+    if index is None:
+        return _skip(pod, reason)
+    container = pod["spec"]["containers"][index]
+    conflict = _conflict(container.get("env") or [])
+    if conflict:
+        return _skip(pod, conflict)
+
+    out = copy.deepcopy(pod)
+    spec = out["spec"]
+    target = spec["containers"][index]
+    env = target.setdefault("env", [])
+    names = {e.get("name") for e in env}
+    record: dict = {"container": target["name"], "env": [], "pythonpath": None}
+
+    pythonpath = next((e for e in env if e.get("name") == "PYTHONPATH"), None)
+    if pythonpath is None:
+        env.append({"name": "PYTHONPATH", "value": BUNDLE_MOUNT})
+        record["env"].append("PYTHONPATH")
+    else:
+        record["pythonpath"] = pythonpath.get("value", "")
+        pythonpath["value"] = BUNDLE_MOUNT + (":" + pythonpath["value"] if pythonpath.get("value") else "")
+    wanted = [("FLASHRT_ENABLE", "1"), *profile.env(), *ENGINE_ENV.items(), ("PROMETHEUS_MULTIPROC_DIR", METRICS_MOUNT)]
+    for name, value in wanted:
+        if name not in names:  # the user's setting wins
+            env.append({"name": name, "value": value})
+            record["env"].append(name)
+
+    mounts = target.setdefault("volumeMounts", [])
+    mounts.append({"name": BUNDLE_VOLUME, "mountPath": BUNDLE_MOUNT, "readOnly": True})
+    mounts.append({"name": METRICS_VOLUME, "mountPath": METRICS_MOUNT})
+    spec.setdefault("volumes", []).extend(
+        [
+            {"name": BUNDLE_VOLUME, "emptyDir": {"sizeLimit": BUNDLE_SIZE_LIMIT}},
+            {"name": METRICS_VOLUME, "emptyDir": {"sizeLimit": METRICS_SIZE_LIMIT}},
+        ]
+    )
+    security = copy.deepcopy(target.get("securityContext")) or copy.deepcopy(RESTRICTED_SECURITY_CONTEXT)
+    spec.setdefault("initContainers", []).append(
+        {
+            "name": INIT_CONTAINER,
+            "image": profile.image(settings.runtime_image),
+            "args": [BUNDLE_MOUNT],
+            "resources": copy.deepcopy(INIT_RESOURCES),
+            "securityContext": security,
+            "volumeMounts": [{"name": BUNDLE_VOLUME, "mountPath": BUNDLE_MOUNT}],
+        }
+    )
+    record["created"] = [key for key in ("affinity", "volumes", "initContainers") if key not in pod["spec"]]
+    record["affinity"] = _node_affinity(spec, profile)
+    for key in ("volumeMounts", "env"):
+        if key not in container:
+            record["created"].append(f"container.{key}")
+    meta = out.setdefault("metadata", {})
+    if "annotations" not in (pod.get("metadata") or {}):
+        record["created"].append("annotations")
+    meta.setdefault("annotations", {})
+    meta["annotations"][STATUS_ANNOTATION] = "injected"
+    meta["annotations"][RECORD_ANNOTATION] = json.dumps(record, sort_keys=True, separators=(",", ":"))
+    return Injection(out, jsonpatch.make_patch(pod, out).patch, "injected", target["name"])
+
+
+def uninject(pod: Mapping) -> dict:
+    """Remove exactly what ``inject`` added (the record annotation says what that was)."""
+    out = copy.deepcopy(dict(pod))
+    annotations = (out.get("metadata") or {}).get("annotations") or {}
+    raw = annotations.get(RECORD_ANNOTATION)
+    if raw is None:
+        if annotations.get(STATUS_ANNOTATION, "").startswith("skipped"):
+            del annotations[STATUS_ANNOTATION]
+            if not annotations:
+                del out["metadata"]["annotations"]
+        return out
+    record = json.loads(raw)
+    spec = out["spec"]
+    created = set(record.get("created", []))
+    target = next(c for c in spec["containers"] if c["name"] == record["container"])
+    target["env"] = [e for e in target.get("env", []) if e["name"] not in record["env"]]
+    if record["pythonpath"] is not None:
+        for e in target["env"]:
+            if e["name"] == "PYTHONPATH":
+                e["value"] = record["pythonpath"]
+    target["volumeMounts"] = [
+        m for m in target.get("volumeMounts", []) if m["name"] not in (BUNDLE_VOLUME, METRICS_VOLUME)
+    ]
+    for key in ("env", "volumeMounts"):
+        if f"container.{key}" in created and not target[key]:
+            del target[key]
+    spec["volumes"] = [v for v in spec.get("volumes", []) if v["name"] not in (BUNDLE_VOLUME, METRICS_VOLUME)]
+    spec["initContainers"] = [c for c in spec.get("initContainers", []) if c["name"] != INIT_CONTAINER]
+    affinity = record.get("affinity")
+    if affinity:
+        node = spec["affinity"]["nodeAffinity"]
+        if affinity.get("required") == "term":
+            node["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"].pop()
+        elif affinity.get("required") == "expressions":
+            for term in node["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]:
+                term["matchExpressions"].pop()
+        else:
+            node["preferredDuringSchedulingIgnoredDuringExecution"].pop()
+        _prune(spec, ("affinity",))
+    for key in ("volumes", "initContainers"):
+        if key in created and not spec[key]:
+            del spec[key]
+    del annotations[STATUS_ANNOTATION]
+    del annotations[RECORD_ANNOTATION]
+    if "annotations" in created and not annotations:
+        del out["metadata"]["annotations"]
+    return out
+
+
+def _prune(obj: dict, keys: tuple[str, ...]) -> None:
+    """Drop empty containers that inject created under ``obj[key]``, deepest first."""
+    for key in keys:
+        value = obj.get(key)
+        if isinstance(value, dict):
+            _prune(value, tuple(value))
+            if not value:
+                del obj[key]
+        elif isinstance(value, list) and not value:
+            del obj[key]
