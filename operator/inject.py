@@ -134,7 +134,8 @@ def _node_affinity(spec: dict, profile: Profile) -> dict | None:
     return {"preferred": "term"}
 
 
-def _skip(pod: dict, reason: str) -> Injection:
+def skip(pod: dict, reason: str) -> Injection:
+    """The pod unchanged but for ``flashrt.io/status: skipped: <reason>``."""
     import jsonpatch
 
     out = copy.deepcopy(pod)
@@ -153,11 +154,11 @@ def inject(pod: Mapping, profile: Profile, settings: Settings | None = None) -> 
         return Injection(pod, [], "unchanged")
     index, reason = find_target(pod)
     if index is None:
-        return _skip(pod, reason)
+        return skip(pod, reason)
     container = pod["spec"]["containers"][index]
     conflict = _conflict(container.get("env") or [])
     if conflict:
-        return _skip(pod, conflict)
+        return skip(pod, conflict)
 
     out = copy.deepcopy(pod)
     spec = out["spec"]

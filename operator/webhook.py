@@ -1,0 +1,98 @@
+"""The admission side: pods are never denied, whatever reaches the webhook.
+
+``FailOpenWebhookServer`` is kopf's own HTTPS webhook server (self-signed or mounted
+certificates, reloaded when the files rotate) with one change: a request it cannot serve is
+answered with an AdmissionReview that allows the object unchanged, not with an HTTP error. An
+HTTP error would block pod creation under failurePolicy Fail, and under Ignore it still costs
+every pod the API server's timeout; a webhook that injects an optimisation has no business
+stopping a pod.
+
+``review(request, profiles, settings)`` is the decision for one AdmissionReview, pure: it
+returns the response and the skip reason (for the Event). The kopf handler calls it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable, Mapping
+
+from flashrt.operator.constants import DEFAULT_PROFILE, PROFILE_ANNOTATION
+from flashrt.operator.inject import Settings, inject, skip
+from flashrt.operator.profile import Profile, from_object
+
+
+def allow(request: Mapping | None, patch: list | None = None, warning: str | None = None) -> dict:
+    """A valid AdmissionReview v1 response that admits the object (with ``patch`` if any)."""
+    uid = ""
+    if isinstance(request, Mapping) and isinstance(request.get("request"), Mapping):
+        uid = str(request["request"].get("uid", ""))
+    response: dict = {"uid": uid, "allowed": True}
+    if patch:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
+    if warning:
+        response["warnings"] = [warning]
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+
+
+ProfileLookup = Callable[[str, str], Mapping | None]  # (namespace, name) -> SeatProfile object
+
+
+def decide(pod: Mapping, namespace: str, lookup: ProfileLookup, settings: Settings) -> tuple[dict, str | None]:
+    """(the pod as it should be admitted, the skip reason or None). Pure: the lookup is a dict
+    read, never an API call, so an admission costs no round trip to the API server."""
+    name = ((pod.get("metadata") or {}).get("annotations") or {}).get(PROFILE_ANNOTATION, DEFAULT_PROFILE)
+    obj = lookup(namespace, name)
+    if obj is None:
+        reason = f"SeatProfile {namespace}/{name} not found; create it or set {PROFILE_ANNOTATION}"
+        return skip(dict(pod), reason).pod, reason
+    try:
+        profile: Profile = from_object(obj)
+    except ValueError as exc:
+        reason = f"SeatProfile {namespace}/{name} is invalid: {exc}"
+        return skip(dict(pod), reason).pod, reason
+    result = inject(pod, profile, settings)
+    return result.pod, result.reason
+
+
+MAX_REVIEW_BYTES = 8 << 20  # twice the largest review a 1.5 MiB object can produce, with headroom
+
+
+def _fail_open_server():
+    import aiohttp.web
+    import kopf
+
+    class FailOpenWebhookServer(kopf.WebhookServer):
+        @staticmethod
+        async def _serve(fn, request: aiohttp.web.Request) -> aiohttp.web.Response:
+            # Not request.text(): aiohttp caps it at 1 MiB, and an AdmissionReview of a large pod
+            # (Kubernetes allows 1.5 MiB objects, sent with their old version) is larger.
+            payload = b""
+            while chunk := await request.content.read(1 << 16):  # read() may return a part only
+                payload += chunk
+                if len(payload) > MAX_REVIEW_BYTES:
+                    break
+            try:
+                if len(payload) > MAX_REVIEW_BYTES:
+                    raise ValueError("review too large")
+                data = json.loads(payload)
+            except ValueError:
+                return aiohttp.web.json_response(allow(None))
+            try:
+                sslpeer = request.transport.get_extra_info("peercert") if request.transport else None
+                response = await fn(
+                    data, webhook=request.match_info.get("id"), sslpeer=sslpeer, headers=dict(request.headers)
+                )
+                response["apiVersion"], response["kind"] = "admission.k8s.io/v1", "AdmissionReview"
+                response.setdefault("response", {})["allowed"] = True  # fail open: see the module docstring
+                response["response"].pop("status", None)
+                return aiohttp.web.json_response(response)
+            except Exception:
+                return aiohttp.web.json_response(allow(data))
+
+    return FailOpenWebhookServer
+
+
+def FailOpenWebhookServer(**kwargs):
+    return _fail_open_server()(**kwargs)
