@@ -5,9 +5,13 @@ import sys
 
 
 def main() -> int:
-    if len(sys.argv) < 2 or sys.argv[1] not in {"kernels", "seats"}:
+    if len(sys.argv) < 2 or sys.argv[1] not in {"kernels", "seats", "webhook"}:
         print(__doc__)
         return 2
+    if sys.argv[1] == "webhook":
+        from flashrt.bench import webhook
+
+        return webhook.main(sys.argv[2:])
     if sys.argv[1] == "seats":
         from flashrt.bench import seats
 

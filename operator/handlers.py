@@ -17,8 +17,16 @@ from __future__ import annotations
 import os
 
 import kopf
-from flashrt.operator.constants import GROUP, INJECT_LABEL, INJECT_LABEL_VALUE, PROFILE_ANNOTATION, VERSION
-from flashrt.operator.inject import Settings
+from flashrt.operator.constants import (
+    GROUP,
+    INJECT_LABEL,
+    INJECT_LABEL_VALUE,
+    PROFILE_ANNOTATION,
+    STATUS_ANNOTATION,
+    VERSION,
+)
+from flashrt.operator.inject import Settings, reason_code
+from flashrt.operator.metrics import ADMISSIONS, HANDLER_ERRORS
 from flashrt.operator.profile import from_object
 from flashrt.operator.webhook import FailOpenWebhookServer, decide
 
@@ -37,6 +45,11 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
         pkeyfile=os.environ.get("FLASHRT_OPERATOR_TLS_KEY") or None,
     )
     settings.persistence.finalizer = f"{GROUP}/operator"
+    port = int(os.environ.get("FLASHRT_OPERATOR_METRICS_PORT", "0"))
+    if port:
+        from prometheus_client import start_http_server
+
+        start_http_server(port)
 
 
 @kopf.index(GROUP, VERSION, "seatprofiles")
@@ -69,12 +82,28 @@ def mutate_pod(body, namespace, patch, warnings, profiles: kopf.Index, logger, *
         pod, reason = decide(dict(body), namespace or "default", lookup, SETTINGS)
     except Exception as exc:  # never deny: the pod starts as it would have without flashrt
         logger.error(f"flashrt: injection failed, pod admitted unchanged: {exc!r}")
+        ADMISSIONS.labels("error", type(exc).__name__).inc()
+        HANDLER_ERRORS.labels("mutate_pod").inc()
         return
+    status = (pod.get("metadata", {}).get("annotations") or {}).get(STATUS_ANNOTATION, "")
+    result = "skipped" if reason else ("injected" if status == "injected" else "unchanged")
+    ADMISSIONS.labels(result, reason_code(reason)).inc()
     patch.fns.append(lambda target: (target.clear(), target.update(pod)))
     if reason:
         warnings.append(f"flashrt: not injected: {reason}")
-        owners = (body.get("metadata") or {}).get("ownerReferences") or []
-        kopf.warn(owners[0] if owners else dict(body), reason="FlashrtSkipped", message=reason)
+
+
+@kopf.on.create("v1", "pods", labels={INJECT_LABEL: INJECT_LABEL_VALUE}, annotations={STATUS_ANNOTATION: kopf.PRESENT})
+def report_skip(body, meta, **_) -> None:
+    """An Event on the pod's owner for every skip (a webhook cannot post Events itself: kopf's
+    event poster runs in the watching side). The owner is what a user looks at: the Deployment's
+    ReplicaSet, the StatefulSet, the LeaderWorkerSet; a bare pod gets it on itself."""
+    status = meta["annotations"][STATUS_ANNOTATION]
+    if not status.startswith("skipped"):
+        return
+    owners = meta.get("ownerReferences") or []
+    target = dict(owners[0], metadata={"namespace": meta.get("namespace")}) if owners else dict(body)
+    kopf.warn(target, reason="FlashrtSkipped", message=status.removeprefix("skipped: "))
 
 
 @kopf.on.create("apps", "v1", "deployments", annotations={PROFILE_ANNOTATION: kopf.PRESENT})

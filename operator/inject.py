@@ -273,3 +273,22 @@ def _prune(obj: dict, keys: tuple[str, ...]) -> None:
                 del obj[key]
         elif isinstance(value, list) and not value:
             del obj[key]
+
+
+# Metric label for a skip: the reasons themselves carry names and would make labels unbounded.
+SKIP_CODES = (
+    ("no vLLM container", "no_vllm_container"),
+    ("several containers look like vLLM", "ambiguous_container"),
+    ("names container", "named_container_missing"),
+    ("PYTHONPATH comes from valueFrom", "pythonpath_value_from"),
+    ("does not allow the flashrt plugin", "plugins_allowlist"),
+    ("FLASHRT_ENABLE is set to off", "disabled_by_user"),
+    ("not found", "profile_not_found"),
+    ("is invalid", "profile_invalid"),
+)
+
+
+def reason_code(reason: str | None) -> str:
+    if not reason:
+        return ""
+    return next((code for text, code in SKIP_CODES if text in reason), "other")

@@ -153,6 +153,13 @@ async def test_webhook_injects_over_https_and_every_odd_request_is_admitted(oper
     patched = jsonpatch.apply_patch(pod, json.loads(base64.b64decode(body["response"]["patch"])))
     assert patched["metadata"]["annotations"][STATUS_ANNOTATION] == "injected"
 
+    from prometheus_client import REGISTRY
+
+    def admissions(result, reason=""):
+        return REGISTRY.get_sample_value("flashrt_operator_admissions_total", {"result": result, "reason": reason}) or 0
+
+    assert admissions("injected") >= 1
+    missing_before = admissions("skipped", "profile_not_found")
     for payload in (
         b"{not json",
         json.dumps(_review(pod, api="admission.k8s.io/v1beta1")).encode(),
@@ -163,12 +170,22 @@ async def test_webhook_injects_over_https_and_every_odd_request_is_admitted(oper
         json.dumps(_review(_vllm_pod(profile="missing"))).encode(),
     ):
         await _post(session, url, context, payload)
+    assert admissions("skipped", "profile_not_found") == missing_before + 1
 
 
-async def test_a_missing_profile_admits_the_pod_with_a_warning(operator):
-    _, session, url, context, _ = operator
-    body = await _post(session, url, context, json.dumps(_review(_vllm_pod(profile="nope"))).encode())
+async def test_a_missing_profile_admits_the_pod_with_a_warning_and_an_event(operator):
+    kmock, session, url, context, _ = operator
+    pod = _vllm_pod(profile="nope")
+    body = await _post(session, url, context, json.dumps(_review(pod)).encode())
     assert any("SeatProfile serving/nope not found" in w for w in body["response"].get("warnings", []))
+    admitted = jsonpatch.apply_patch(pod, json.loads(base64.b64decode(body["response"]["patch"])))
+    await _create(kmock, f"/api/v1/namespaces/{NS}/pods", admitted)  # what the API server stores
+
+    def events():
+        return [dict(obj or {}) for key, obj in zip(kmock.objects.keys(), kmock.objects.values(), strict=True)
+                if "events" in str(key[0])]  # fmt: skip
+
+    await _wait(lambda: any("nope not found" in (e or {}).get("message", "") for e in events()))
 
 
 async def test_deployment_annotation_is_propagated_into_its_pod_template(operator):

@@ -1,0 +1,144 @@
+"""``python -m flashrt.bench webhook``: admissions per second and latency of the real webhook.
+
+The operator runs as in its tests (kopf, logged in to kmock's Kubernetes emulator, the HTTPS
+webhook with a self-signed certificate); 50 clients on loopback send AdmissionReviews of a
+vLLM pod as fast as the server answers. Prints and writes p50/p99 and throughput.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import socket
+import ssl
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+
+def _pod(i: int) -> dict:
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": f"vllm-{i}", "namespace": "serving", "labels": {"flashrt.io/inject": "enabled"}},
+        "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.11.0", "args": ["--model", "m"],
+                                 "env": [{"name": "HF_HOME", "value": "/data"}]}]},
+    }  # fmt: skip
+
+
+def _review(i: int) -> bytes:
+    return json.dumps({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": f"u-{i}", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                    "resource": {"group": "", "version": "v1", "resource": "pods"}, "namespace": "serving",
+                    "operation": "CREATE", "userInfo": {"username": "bench"}, "object": _pod(i)},
+    }).encode()  # fmt: skip
+
+
+async def run(clients: int, requests: int) -> dict:
+    import aiohttp
+    import kmock
+    import kopf
+
+    tmp = Path(tempfile.mkdtemp())
+    cert, key = tmp / "tls.crt", tmp / "tls.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+         "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(FLASHRT_OPERATOR_WEBHOOK_PORT=str(port), FLASHRT_OPERATOR_TLS_CERT=str(cert),
+                      FLASHRT_OPERATOR_TLS_KEY=str(key))  # fmt: skip
+    async with kmock.KubernetesEmulator() as api, kmock.Server(api):
+        for resource, namespaced in (("flashrt.io/v1alpha1/seatprofiles", True), ("v1/pods", True),
+                                     ("apps/v1/deployments", True), ("v1/events", True), ("v1/namespaces", False),
+                                     ("apiextensions.k8s.io/v1/customresourcedefinitions", False)):  # fmt: skip
+            api.resources[resource] = {"namespaced": namespaced, "verbs": {"list", "watch", "get", "patch", "create"}}
+        import flashrt.operator.handlers as handlers
+
+        registry = kopf.get_default_registry()
+
+        @kopf.on.login(registry=registry)
+        def login(**_):
+            return kopf.ConnectionInfo(server=str(api.url))
+
+        settings = kopf.OperatorSettings()
+        settings.scanning.disabled = True
+        stop = asyncio.get_running_loop().create_future()
+        task = asyncio.create_task(
+            kopf.operator(registry=registry, settings=settings, namespaces=["serving"], standalone=True, stop_flag=stop)
+        )
+        profile = {"apiVersion": "flashrt.io/v1alpha1", "kind": "SeatProfile",
+                   "metadata": {"name": "default", "namespace": "serving"}, "spec": {}}  # fmt: skip
+        context = ssl.create_default_context(cafile=str(cert))
+        url = f"https://127.0.0.1:{port}{handlers.WEBHOOK_PATH}"
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)) as session:
+            async with session.post(
+                f"{api.url}/apis/flashrt.io/v1alpha1/namespaces/serving/seatprofiles", json=profile
+            ):
+                pass
+            for _ in range(200):
+                try:
+                    async with session.post(url, data=_review(0), ssl=context) as r:
+                        if "patch" in (await r.json())["response"]:
+                            break
+                except (aiohttp.ClientError, OSError, KeyError):
+                    pass
+                await asyncio.sleep(0.05)
+            latencies: list[float] = []
+            injected = 0
+
+            async def client(c: int) -> None:
+                nonlocal injected
+                for i in range(requests // clients):
+                    body = _review(c * 100000 + i)
+                    start = time.perf_counter()
+                    async with session.post(url, data=body, ssl=context) as r:
+                        answer = await r.json()
+                    latencies.append(time.perf_counter() - start)
+                    injected += "patch" in answer["response"]
+
+            start = time.perf_counter()
+            await asyncio.gather(*(client(c) for c in range(clients)))
+            wall = time.perf_counter() - start
+        stop.set_result(None)
+        await asyncio.wait_for(task, timeout=10)
+    latencies.sort()
+    return {
+        "clients": clients,
+        "requests": len(latencies),
+        "injected": injected,
+        "admissions_per_s": len(latencies) / wall,
+        "p50_ms": statistics.median(latencies) * 1e3,
+        "p99_ms": latencies[int(0.99 * (len(latencies) - 1))] * 1e3,
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "note": "client and server share the machine's cores",
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flashrt.bench webhook")
+    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--requests", type=int, default=5000)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    import logging
+
+    logging.getLogger("kopf").setLevel(logging.WARNING)
+    result = asyncio.run(run(args.clients, args.requests))
+    print(json.dumps(result, indent=1))
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
