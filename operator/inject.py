@@ -20,9 +20,10 @@ status annotation. Everything inject adds is recorded in ``flashrt.io/injected``
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from flashrt.operator.constants import (
     BUNDLE_MOUNT,
@@ -61,10 +62,18 @@ class Settings:
 
 @dataclass(frozen=True)
 class Injection:
+    original: dict = field(repr=False)
     pod: dict
-    patch: list
     status: str  # "injected", "skipped: <reason>", or "unchanged" (already injected)
     container: str | None = None
+
+    @functools.cached_property
+    def patch(self) -> list:
+        """JSON patch from the input pod to ``pod``; computed on demand (it is most of the cost,
+        and kopf's admission engine computes its own from the pod)."""
+        import jsonpatch
+
+        return jsonpatch.make_patch(self.original, self.pod).patch
 
     @property
     def injected(self) -> bool:
@@ -136,22 +145,20 @@ def _node_affinity(spec: dict, profile: Profile) -> dict | None:
 
 def skip(pod: dict, reason: str) -> Injection:
     """The pod unchanged but for ``flashrt.io/status: skipped: <reason>``."""
-    import jsonpatch
 
     out = copy.deepcopy(pod)
     out.setdefault("metadata", {}).setdefault("annotations", {})[STATUS_ANNOTATION] = f"skipped: {reason}"
-    return Injection(out, jsonpatch.make_patch(pod, out).patch, f"skipped: {reason}")
+    return Injection(pod, out, f"skipped: {reason}")
 
 
 def inject(pod: Mapping, profile: Profile, settings: Settings | None = None) -> Injection:
     """The pod with flashrt injected into its vLLM container, or unchanged but for a skip status."""
-    import jsonpatch
 
     settings = settings or Settings()
     pod = copy.deepcopy(dict(pod))
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     if annotations.get(STATUS_ANNOTATION) == "injected" or RECORD_ANNOTATION in annotations:
-        return Injection(pod, [], "unchanged")
+        return Injection(pod, pod, "unchanged")
     index, reason = find_target(pod)
     if index is None:
         return skip(pod, reason)
@@ -211,7 +218,7 @@ def inject(pod: Mapping, profile: Profile, settings: Settings | None = None) -> 
     meta.setdefault("annotations", {})
     meta["annotations"][STATUS_ANNOTATION] = "injected"
     meta["annotations"][RECORD_ANNOTATION] = json.dumps(record, sort_keys=True, separators=(",", ":"))
-    return Injection(out, jsonpatch.make_patch(pod, out).patch, "injected", target["name"])
+    return Injection(pod, out, "injected", target["name"])
 
 
 def uninject(pod: Mapping) -> dict:
