@@ -34,6 +34,7 @@ SETTINGS = Settings(runtime_image=os.environ.get("FLASHRT_OPERATOR_RUNTIME_IMAGE
 # The path of the webhook in the MutatingWebhookConfiguration: kopf routes by handler id.
 WEBHOOK_PATH = "/inject"
 PROPAGATE = os.environ.get("FLASHRT_OPERATOR_PROPAGATE", "1") != "0"
+OPERATOR_NAMESPACE = os.environ.get("FLASHRT_OPERATOR_NAMESPACE") or None
 
 
 @kopf.on.startup()
@@ -79,7 +80,7 @@ def mutate_pod(body, namespace, patch, warnings, profiles: kopf.Index, logger, *
         return next(iter(found), None) if found else None
 
     try:
-        pod, reason = decide(dict(body), namespace or "default", lookup, SETTINGS)
+        pod, reason = decide(dict(body), namespace or "default", lookup, SETTINGS, OPERATOR_NAMESPACE)
     except Exception as exc:  # never deny: the pod starts as it would have without flashrt
         logger.error(f"flashrt: injection failed, pod admitted unchanged: {exc!r}")
         ADMISSIONS.labels("error", type(exc).__name__).inc()

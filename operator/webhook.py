@@ -39,11 +39,17 @@ def allow(request: Mapping | None, patch: list | None = None, warning: str | Non
 ProfileLookup = Callable[[str, str], Mapping | None]  # (namespace, name) -> SeatProfile object
 
 
-def decide(pod: Mapping, namespace: str, lookup: ProfileLookup, settings: Settings) -> tuple[dict, str | None]:
+def decide(
+    pod: Mapping, namespace: str, lookup: ProfileLookup, settings: Settings, fallback_namespace: str | None = None
+) -> tuple[dict, str | None]:
     """(the pod as it should be admitted, the skip reason or None). Pure: the lookup is a dict
-    read, never an API call, so an admission costs no round trip to the API server."""
+    read, never an API call, so an admission costs no round trip to the API server. A profile
+    missing in the pod's namespace is looked up in ``fallback_namespace`` (the operator's): the
+    chart's ``default`` profile there serves every namespace that has none of its own."""
     name = ((pod.get("metadata") or {}).get("annotations") or {}).get(PROFILE_ANNOTATION, DEFAULT_PROFILE)
     obj = lookup(namespace, name)
+    if obj is None and fallback_namespace and fallback_namespace != namespace:
+        obj = lookup(fallback_namespace, name)
     if obj is None:
         reason = f"SeatProfile {namespace}/{name} not found; create it or set {PROFILE_ANNOTATION}"
         return skip(dict(pod), reason).pod, reason

@@ -434,3 +434,14 @@ def test_cli_rejects_a_bad_profile_with_the_field():
         f.flush()
         done = subprocess.run([exe, "inject", "-f", "-", "--profile", f.name], input="", capture_output=True, text=True)
     assert done.returncode == 2 and "spec.placement: got 'Sometimes'" in done.stderr
+
+
+def test_a_profile_missing_in_the_pod_namespace_comes_from_the_operator_namespace():
+    from flashrt.operator.webhook import decide
+
+    profiles = {("flashrt-system", "default"): {"metadata": {"name": "default"}, "spec": {"moeBandT": 8}}}
+    pod = vllm_production_stack_pod()
+    out, reason = decide(pod, "team-a", lambda ns, n: profiles.get((ns, n)), Settings(), "flashrt-system")
+    assert reason is None and _env(out)["FLASHRT_MOE_BAND_T"] == "8"
+    out, reason = decide(pod, "team-a", lambda ns, n: profiles.get((ns, n)), Settings())
+    assert "SeatProfile team-a/default not found" in reason

@@ -1,0 +1,150 @@
+"""The Helm chart, rendered by the real Helm engine, checked the way platform teams check charts."""
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import helm_python
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CHART = ROOT / "deploy" / "helm" / "flashrt"
+CRD = CHART / "crds" / "seatprofiles.flashrt.io.yaml"
+K8S = "1.30"
+# Kinds outside Kubernetes' own schemas; the CRD-defined SeatProfile is checked against the CRD.
+NOT_IN_K8S = {"SeatProfile", "ClusterKopfPeering", "PodMonitor", "PrometheusRule", "Issuer", "Certificate"}
+
+COMBINATIONS = {
+    "defaults": {},
+    "cert-manager": {"certManager": {"enabled": True}},
+    "monitoring": {"monitoring": {"podMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}}},
+    "single replica": {"replicas": 1},
+    "everything": {"certManager": {"enabled": True}, "replicas": 3, "webhook": {"failurePolicy": "Fail"},
+                   "monitoring": {"podMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}}},
+}  # fmt: skip
+
+
+def render(values: dict) -> list[dict]:
+    out = helm_python.Chart.load(str(CHART)).render(values, name="fr", namespace="flashrt-system")
+    docs = []
+    for name, text in out.items():
+        if name.endswith("NOTES.txt"):
+            continue
+        docs += [d for d in yaml.safe_load_all(text) if d]
+    return docs
+
+
+def _containers(doc: dict) -> list[dict]:
+    spec = doc.get("spec", {}).get("template", {}).get("spec", {})
+    return spec.get("containers", []) + spec.get("initContainers", [])
+
+
+@pytest.mark.parametrize("values", COMBINATIONS.values(), ids=COMBINATIONS.keys())
+def test_every_rendered_object_validates(values):
+    docs = render(values)
+    kinds = {d["kind"] for d in docs}
+    assert {"Deployment", "MutatingWebhookConfiguration", "ClusterRole", "Service"} <= kinds
+    crd_schema = yaml.safe_load(CRD.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    for doc in docs:
+        if doc["kind"] == "SeatProfile":
+            jsonschema.Draft4Validator(crd_schema).validate(doc)
+        elif doc["kind"] not in NOT_IN_K8S:
+            kubernetes_validate.validate(doc, K8S, strict=True)
+
+
+def test_strict_lint_is_clean():
+    result = helm_python.lint(str(CHART), strict=True)
+    assert result["errors"] == [] and [m for m in result["messages"] if m["severity"] > 1] == []
+
+
+@pytest.mark.parametrize(
+    ("values", "field"),
+    [
+        ({"replica": 2}, "replica"),
+        ({"replicas": "two"}, "replicas"),
+        ({"webhook": {"failurePolicy": "Deny"}}, "failurePolicy"),
+        ({"monitoring": {"podMonitor": {"interval": "often"}}}, "interval"),
+    ],
+)
+def test_bad_values_are_rejected_by_the_schema(values, field):
+    with pytest.raises(helm_python.HelmError, match=field):
+        render(values)
+
+
+def test_rbac_names_every_verb_resource_and_group():
+    for doc in render(COMBINATIONS["everything"]):
+        for rule in doc.get("rules", []) if doc["kind"] in ("ClusterRole", "Role") else []:
+            for key in ("verbs", "resources", "apiGroups"):
+                assert "*" not in rule.get(key, []), (doc["metadata"]["name"], rule)
+
+
+def test_every_workload_container_is_pod_security_restricted():
+    for doc in render(COMBINATIONS["everything"]):
+        for c in _containers(doc):
+            sc = c["securityContext"]
+            assert sc["runAsNonRoot"] and not sc["allowPrivilegeEscalation"] and sc["readOnlyRootFilesystem"]
+            assert sc["capabilities"]["drop"] == ["ALL"] and sc["seccompProfile"]["type"] == "RuntimeDefault"
+            assert c["resources"]["requests"] and c["resources"]["limits"]
+            assert c.get("livenessProbe") and c.get("readinessProbe")
+
+
+def test_webhook_only_sees_opted_in_pods_and_never_its_own_namespace():
+    hook = next(d for d in render({}) if d["kind"] == "MutatingWebhookConfiguration")["webhooks"][0]
+    assert hook["objectSelector"] == {"matchLabels": {"flashrt.io/inject": "enabled"}}
+    excluded = hook["namespaceSelector"]["matchExpressions"][0]["values"]
+    assert {"kube-system", "flashrt-system"} <= set(excluded)
+    assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None" and hook["timeoutSeconds"] <= 10
+    assert hook["clientConfig"]["service"]["path"] == "/inject"
+
+
+def test_generated_ca_signs_the_served_certificate():
+    docs = render({})
+    secret = next(d for d in docs if d["kind"] == "Secret")
+    hook = next(d for d in docs if d["kind"] == "MutatingWebhookConfiguration")["webhooks"][0]
+    assert hook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+
+
+def _metric_names(expr: str) -> set[str]:
+    return set(re.findall(r"\b((?:flashrt|vllm)[:_][a-zA-Z0-9_:]+)", expr))
+
+
+def test_dashboard_and_alerts_use_documented_metrics_and_show_every_seat_metric():
+    documented = set(re.findall(r"^\| `(flashrt_[a-z_]+)`", (ROOT / "docs" / "metrics.md").read_text(), re.M))
+    documented |= {"flashrt_operator_admissions_total", "flashrt_operator_handler_errors_total"}
+    dashboard = json.loads((CHART / "dashboards" / "flashrt-seats.json").read_text())
+    used_dashboard = set().union(*(_metric_names(t["expr"]) for p in dashboard["panels"] for t in p["targets"]))
+    rules = next(d for d in render(COMBINATIONS["monitoring"]) if d["kind"] == "PrometheusRule")
+    used_alerts = set().union(*(_metric_names(r["expr"]) for g in rules["spec"]["groups"] for r in g["rules"]))
+    ours = {m for m in used_dashboard | used_alerts if m.startswith("flashrt")}
+    assert ours <= documented, ours - documented
+    seat_metrics = {m for m in documented if m.startswith(("flashrt_seat", "flashrt_seats"))}
+    assert seat_metrics <= used_dashboard, seat_metrics - used_dashboard
+    assert any(m.startswith("vllm:") for m in used_dashboard), "vLLM's own throughput sits beside the seats"
+
+
+def test_crd_is_valid_and_its_defaults_are_the_profile_defaults():
+    from flashrt.operator.profile import Profile, from_object
+
+    crd = yaml.safe_load(CRD.read_text())
+    kubernetes_validate.validate(crd, K8S, strict=True)
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    defaults = {k: v["default"] for k, v in spec.items() if "default" in v}
+    parsed = from_object({"metadata": {"name": "default"}, "spec": defaults})
+    assert parsed == Profile()
+    assert (spec["parityFloor"]["default"], spec["moeBandT"]["default"]) == (
+        Profile().parity_floor,
+        Profile().moe_band_t,
+    )
+
+
+def test_dockerfile_passes_hadolint():
+    hadolint = shutil.which("hadolint") or str(Path(__import__("sys").executable).with_name("hadolint"))
+    done = subprocess.run(
+        [hadolint, "--failure-threshold", "warning", str(ROOT / "Dockerfile")], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
