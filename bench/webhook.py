@@ -12,10 +12,8 @@ import asyncio
 import json
 import os
 import platform
-import socket
 import ssl
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -42,74 +40,41 @@ def _review(i: int) -> bytes:
 async def run(clients: int, requests: int) -> dict:
     import aiohttp
     import kmock
-    import kopf
+    from flashrt.operator.emulated import running_operator, self_signed_certificate
 
-    tmp = Path(tempfile.mkdtemp())
-    cert, key = tmp / "tls.crt", tmp / "tls.key"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
-         "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(FLASHRT_OPERATOR_WEBHOOK_PORT=str(port), FLASHRT_OPERATOR_TLS_CERT=str(cert),
-                      FLASHRT_OPERATOR_TLS_KEY=str(key))  # fmt: skip
-    async with kmock.KubernetesEmulator() as api, kmock.Server(api):
-        for resource, namespaced in (("flashrt.io/v1alpha1/seatprofiles", True), ("v1/pods", True),
-                                     ("apps/v1/deployments", True), ("v1/events", True), ("v1/namespaces", False),
-                                     ("apiextensions.k8s.io/v1/customresourcedefinitions", False)):  # fmt: skip
-            api.resources[resource] = {"namespaced": namespaced, "verbs": {"list", "watch", "get", "patch", "create"}}
-        import flashrt.operator.handlers as handlers
+    cert, key = self_signed_certificate(Path(tempfile.mkdtemp()))
+    context = ssl.create_default_context(cafile=str(cert))
+    profile = {"apiVersion": "flashrt.io/v1alpha1", "kind": "SeatProfile",
+               "metadata": {"name": "default", "namespace": "serving"}, "spec": {}}  # fmt: skip
+    async with (
+        kmock.KubernetesEmulator() as api,
+        kmock.Server(api),
+        running_operator(api, ["serving"], cert, key) as url,
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)) as session,
+    ):
+        async with session.post(f"{api.url}/apis/flashrt.io/v1alpha1/namespaces/serving/seatprofiles", json=profile):
+            pass
+        for _ in range(200):  # until the profile is indexed and pods get patched
+            async with session.post(url, data=_review(0), ssl=context) as r:
+                if "patch" in (await r.json())["response"]:
+                    break
+            await asyncio.sleep(0.05)
+        latencies: list[float] = []
+        injected = 0
 
-        registry = kopf.get_default_registry()
+        async def client(c: int) -> None:
+            nonlocal injected
+            for i in range(requests // clients):
+                body = _review(c * 100000 + i)
+                start = time.perf_counter()
+                async with session.post(url, data=body, ssl=context) as r:
+                    answer = await r.json()
+                latencies.append(time.perf_counter() - start)
+                injected += "patch" in answer["response"]
 
-        @kopf.on.login(registry=registry)
-        def login(**_):
-            return kopf.ConnectionInfo(server=str(api.url))
-
-        settings = kopf.OperatorSettings()
-        settings.scanning.disabled = True
-        stop = asyncio.get_running_loop().create_future()
-        task = asyncio.create_task(
-            kopf.operator(registry=registry, settings=settings, namespaces=["serving"], standalone=True, stop_flag=stop)
-        )
-        profile = {"apiVersion": "flashrt.io/v1alpha1", "kind": "SeatProfile",
-                   "metadata": {"name": "default", "namespace": "serving"}, "spec": {}}  # fmt: skip
-        context = ssl.create_default_context(cafile=str(cert))
-        url = f"https://127.0.0.1:{port}{handlers.WEBHOOK_PATH}"
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)) as session:
-            async with session.post(
-                f"{api.url}/apis/flashrt.io/v1alpha1/namespaces/serving/seatprofiles", json=profile
-            ):
-                pass
-            for _ in range(200):
-                try:
-                    async with session.post(url, data=_review(0), ssl=context) as r:
-                        if "patch" in (await r.json())["response"]:
-                            break
-                except (aiohttp.ClientError, OSError, KeyError):
-                    pass
-                await asyncio.sleep(0.05)
-            latencies: list[float] = []
-            injected = 0
-
-            async def client(c: int) -> None:
-                nonlocal injected
-                for i in range(requests // clients):
-                    body = _review(c * 100000 + i)
-                    start = time.perf_counter()
-                    async with session.post(url, data=body, ssl=context) as r:
-                        answer = await r.json()
-                    latencies.append(time.perf_counter() - start)
-                    injected += "patch" in answer["response"]
-
-            start = time.perf_counter()
-            await asyncio.gather(*(client(c) for c in range(clients)))
-            wall = time.perf_counter() - start
-        stop.set_result(None)
-        await asyncio.wait_for(task, timeout=10)
+        start = time.perf_counter()
+        await asyncio.gather(*(client(c) for c in range(clients)))
+        wall = time.perf_counter() - start
     latencies.sort()
     return {
         "clients": clients,

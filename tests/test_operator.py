@@ -2,82 +2,25 @@
 
 import asyncio
 import base64
-import contextlib
 import json
-import socket
 import ssl
-import subprocess
 
 import aiohttp
 import jsonpatch
-import kopf
 import pytest
 from flashrt.operator.constants import STATUS_ANNOTATION
+from flashrt.operator.emulated import running_operator, self_signed_certificate
 
 NS = "serving"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
-def certificate(tmp_path):
-    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
-         "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    return cert, key
-
-
-@pytest.fixture
-async def operator(kmock, certificate, monkeypatch):
+async def operator(kmock, tmp_path):
     """The real handlers module, logged in to kmock, with the webhook on a free HTTPS port."""
-    port = _free_port()
-    monkeypatch.setenv("FLASHRT_OPERATOR_WEBHOOK_PORT", str(port))
-    monkeypatch.setenv("FLASHRT_OPERATOR_TLS_CERT", str(certificate[0]))
-    monkeypatch.setenv("FLASHRT_OPERATOR_TLS_KEY", str(certificate[1]))
-    # kopf's backbone waits for namespaces and CRDs to be discoverable before it watches anything.
-    for resource, namespaced in (("flashrt.io/v1alpha1/seatprofiles", True), ("v1/pods", True),
-                                 ("apps/v1/deployments", True), ("v1/events", True), ("v1/namespaces", False),
-                                 ("apiextensions.k8s.io/v1/customresourcedefinitions", False)):  # fmt: skip
-        kmock.resources[resource] = {"namespaced": namespaced, "verbs": {"list", "watch", "get", "patch", "create"}}
-    kmock.resources["flashrt.io/v1alpha1/seatprofiles"].kind = "SeatProfile"
-    kmock.resources["v1/pods"].kind = "Pod"
-    kmock.resources["apps/v1/deployments"].kind = "Deployment"
-
-    import flashrt.operator.handlers as handlers
-
-    registry = kopf.get_default_registry()
-
-    @kopf.on.login(registry=registry)
-    def login(**_):
-        return kopf.ConnectionInfo(server=str(kmock.url))
-
-    settings = kopf.OperatorSettings()
-    settings.scanning.disabled = True
-    settings.posting.level = 0
-    stop = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(
-        kopf.operator(registry=registry, settings=settings, namespaces=[NS], standalone=True, stop_flag=stop)
-    )
-    context = ssl.create_default_context(cafile=str(certificate[0]))
-    url = f"https://127.0.0.1:{port}{handlers_path()}"
-    async with aiohttp.ClientSession() as session:
-        for _ in range(100):  # wait for the webhook server
-            with contextlib.suppress(aiohttp.ClientError, OSError):
-                async with session.post(url, data=b"{}", ssl=context) as r:
-                    await r.read()
-                    break
-            await asyncio.sleep(0.05)
-        yield kmock, session, url, context, handlers
-    stop.set_result(None)
-    with contextlib.suppress(asyncio.CancelledError):
-        await asyncio.wait_for(task, timeout=10)
+    cert, key = self_signed_certificate(tmp_path)
+    context = ssl.create_default_context(cafile=str(cert))
+    async with running_operator(kmock, [NS], cert, key) as url, aiohttp.ClientSession() as session:
+        yield kmock, session, url, context, None
 
 
 def _profile(name="default", **spec):
@@ -203,9 +146,3 @@ async def test_deployment_annotation_is_propagated_into_its_pod_template(operato
 
     await _wait(lambda: (template().get("annotations") or {}).get("flashrt.io/profile") == "moe")
     assert template()["labels"] == {"app": "v", "flashrt.io/inject": "enabled"}
-
-
-def handlers_path() -> str:
-    from flashrt.operator.handlers import WEBHOOK_PATH
-
-    return WEBHOOK_PATH
