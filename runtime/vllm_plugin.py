@@ -1,0 +1,89 @@
+"""The ``vllm.general_plugins`` entry point: seats installed in every vLLM process that loads a model.
+
+vLLM calls ``register()`` in every process it starts (API server, engine core, workers, after
+spawn too), and honours its ``VLLM_PLUGINS`` allowlist before calling it. Nothing happens unless
+``FLASHRT_ENABLE=1``: installing the package never changes an engine by itself.
+
+What ``register`` does, in the process it runs in:
+
+* The compile cache must not serve an artifact traced before the seats went in, so
+  ``VLLM_DISABLE_COMPILE_CACHE=1`` is set when the user has not set it.
+* On the CPU backend, vLLM repacks an unquantized linear's weight after loading and empties
+  ``layer.weight``; the repacking function is wrapped so that the bf16 weight is kept until the
+  seats have quantized it (then dropped).
+* Each model runner's ``load_model`` (CPU runner, GPU V1 and V2 runners, whichever this vLLM
+  has) is wrapped: after the weights load and before the first compiled trace (warm-up and
+  capture come later), ``attach_vllm`` seats the model. Tensor-parallel ranks each load their
+  shard and seat it; interception is at ``quant_method`` so ``RowParallelLinear`` still
+  all-reduces in its own forward.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+import os
+
+log = logging.getLogger("flashrt")
+RUNNERS = (
+    ("vllm.v1.worker.cpu_model_runner", "CPUModelRunner"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner"),
+    ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner"),
+)
+_STASH = "_flashrt_weight"
+
+
+def enabled(environ=os.environ) -> bool:
+    from flashrt.runtime.profile import _bool
+
+    return _bool("FLASHRT_ENABLE", environ.get("FLASHRT_ENABLE", "0"))
+
+
+def register() -> None:
+    if not enabled():
+        return
+    os.environ.setdefault("VLLM_DISABLE_COMPILE_CACHE", "1")
+    _keep_cpu_weights()
+    for module_name, class_name in RUNNERS:
+        try:
+            runner = getattr(importlib.import_module(module_name), class_name)
+        except Exception:  # this vLLM or platform has no such runner
+            continue
+        if not getattr(runner.load_model, "_flashrt", False):
+            runner.load_model = _seating(runner.load_model)
+
+
+def _keep_cpu_weights() -> None:
+    try:
+        utils = importlib.import_module("vllm.model_executor.layers.utils")
+    except Exception:
+        return
+    original = utils.dispatch_cpu_unquantized_gemm
+    if getattr(original, "_flashrt", False):
+        return
+
+    @functools.wraps(original)
+    def dispatch(layer, remove_weight: bool):
+        weight = getattr(layer, "weight", None)
+        if remove_weight and weight is not None and weight.dim() == 2 and not weight.is_meta:
+            setattr(layer, _STASH, weight.detach().clone())
+        return original(layer, remove_weight)
+
+    dispatch._flashrt = True
+    utils.dispatch_cpu_unquantized_gemm = dispatch
+
+
+def _seating(load_model):
+    @functools.wraps(load_model)
+    def wrapped(self, *args, **kwargs):
+        result = load_model(self, *args, **kwargs)
+        from flashrt.runtime.profile import from_env
+        from flashrt.runtime.vllm_seats import attach_vllm
+
+        # Errors in the profile stop here with the variable named; strict is attach's to enforce.
+        self._flashrt_handle = attach_vllm(self.model, from_env())
+        return result
+
+    wrapped._flashrt = True
+    return wrapped

