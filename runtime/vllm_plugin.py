@@ -40,10 +40,40 @@ def enabled(environ=os.environ) -> bool:
     return _bool("FLASHRT_ENABLE", environ.get("FLASHRT_ENABLE", "0"))
 
 
+def clean_stale_metrics(directory: str | None = None) -> list[str]:
+    """Remove the metric files of processes that are gone (a restarted container keeps its
+    emptyDir): otherwise their last gauge values would be summed with the live ones."""
+    directory = directory or os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not directory or not os.path.isdir(directory):
+        return []
+    removed = []
+    for name in os.listdir(directory):
+        pid = name.removesuffix(".db").rsplit("_", 1)[-1]
+        if not (name.endswith(".db") and pid.isdigit()) or _alive(int(pid)):
+            continue
+        try:
+            os.remove(os.path.join(directory, name))
+            removed.append(name)
+        except OSError:
+            pass  # another process of this pod removed it first
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def register() -> None:
     if not enabled():
         return
     os.environ.setdefault("VLLM_DISABLE_COMPILE_CACHE", "1")
+    clean_stale_metrics()
     _keep_cpu_weights()
     for module_name, class_name in RUNNERS:
         try:
@@ -74,6 +104,21 @@ def _keep_cpu_weights() -> None:
     utils.dispatch_cpu_unquantized_gemm = dispatch
 
 
+def _serve_own_port() -> None:
+    """Without PROMETHEUS_MULTIPROC_DIR vLLM's /metrics cannot see the workers' seats: serve
+    them on FLASHRT_METRICS_PORT. With tensor parallelism the first rank to bind wins; the
+    multiprocess directory is the way to see every rank on one endpoint."""
+    port = os.environ.get("FLASHRT_METRICS_PORT")
+    if not port or os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return
+    from flashrt.runtime.metrics import serve
+
+    try:
+        serve(int(port))
+    except OSError as exc:
+        log.info("flashrt: metrics port %s already served in this pod (%s)", port, exc)
+
+
 def _seating(load_model):
     @functools.wraps(load_model)
     def wrapped(self, *args, **kwargs):
@@ -83,6 +128,7 @@ def _seating(load_model):
 
         # Errors in the profile stop here with the variable named; strict is attach's to enforce.
         self._flashrt_handle = attach_vllm(self.model, from_env())
+        _serve_own_port()
         return result
 
     wrapped._flashrt = True

@@ -265,3 +265,33 @@ def test_serve_exposes_the_metrics_over_http():
         assert "flashrt_seats" in body
     finally:
         server.shutdown()
+
+
+def test_metric_files_of_dead_processes_are_cleaned_at_start(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from flashrt.runtime.vllm_plugin import clean_stale_metrics
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid, live_pid = int(dead.stdout), os.getpid()
+    for name in (f"counter_{dead_pid}.db", f"gauge_livesum_{dead_pid}.db", f"counter_{live_pid}.db", "notes.txt"):
+        (tmp_path / name).write_bytes(b"x")
+    removed = clean_stale_metrics(str(tmp_path))
+    assert sorted(removed) == sorted([f"counter_{dead_pid}.db", f"gauge_livesum_{dead_pid}.db"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"counter_{live_pid}.db", "notes.txt"])
+
+
+def test_the_plugin_does_nothing_unless_enabled(monkeypatch):
+    import importlib
+
+    from flashrt.runtime import vllm_plugin
+
+    calls = []
+    monkeypatch.setattr(importlib, "import_module", lambda name: calls.append(name))
+    monkeypatch.delenv("FLASHRT_ENABLE", raising=False)
+    vllm_plugin.register()
+    monkeypatch.setenv("FLASHRT_ENABLE", "0")
+    vllm_plugin.register()
+    assert calls == []

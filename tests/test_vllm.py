@@ -77,3 +77,18 @@ def test_strict_engine_with_nothing_seatable_refuses_to_start_with_the_reasons(l
     assert result is None and done.returncode != 0
     logs = done.stdout + done.stderr  # vLLM's workers log to stdout
     assert "strict profile and nothing could be seated" in logs and "parity" in logs
+
+
+def test_tensor_parallel_ranks_each_hold_seats_and_agree_with_one_rank(llama_dir, tmp_path):
+    """A seat that replaced RowParallelLinear instead of its quant_method would skip the
+    all-reduce and give different tokens at TP=2."""
+    _, one = run_engine(llama_dir, tmp_path / "tp1", SEATED, lengths=(12,))
+    done, two = run_engine(llama_dir, tmp_path / "tp2", SEATED | {"TEST_TP": "2", "VLLM_CPU_OMP_THREADS_BIND": "0|1"},
+                           lengths=(12,))  # fmt: skip
+    assert two, done.stderr[-3000:]
+    after = two["samples"]["12"]["after"]
+    assert _value(after, "flashrt_seats", kind="dense", state="seated") == 2 * _value(
+        one["samples"]["12"]["after"], "flashrt_seats", kind="dense", state="seated"
+    ), "both ranks hold seats"
+    assert len(two["pids"]) >= 2
+    assert two["tokens"] == one["tokens"]

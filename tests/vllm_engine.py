@@ -13,11 +13,14 @@ PROMPT = [1, 5, 9, 33, 100, 7, 12, 250]
 
 def main() -> None:
     model, multiproc, *lengths = sys.argv[1:]
+    import os
+
+    tp = int(os.environ.get("TEST_TP", "1"))
     from prometheus_client import CollectorRegistry, multiprocess
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=model, skip_tokenizer_init=True, gpu_memory_utilization=0.1, max_model_len=256,
-              dtype="bfloat16", max_num_seqs=4)  # fmt: skip
+    llm = LLM(model=model, skip_tokenizer_init=True, gpu_memory_utilization=0.1 * tp, max_model_len=256,
+              dtype="bfloat16", max_num_seqs=4, tensor_parallel_size=tp)  # fmt: skip
     result = {"tokens": {}, "samples": {}}
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry, path=multiproc)
@@ -33,6 +36,8 @@ def main() -> None:
         )
         result["tokens"][n] = list(out[0].outputs[0].token_ids)
         result["samples"][n] = {"before": before, "after": samples()}
+    files = os.listdir(multiproc)
+    result["pids"] = sorted({f.rsplit("_", 1)[-1].removesuffix(".db") for f in files if f.startswith("counter_")})
     print("RESULT " + json.dumps(result), flush=True)
 
 
