@@ -102,6 +102,30 @@ def _keep_cpu_weights() -> None:
 
     dispatch._flashrt = True
     utils.dispatch_cpu_unquantized_gemm = dispatch
+    _keep_cpu_expert_weights()
+
+
+def _keep_cpu_expert_weights() -> None:
+    """vLLM's CPU experts prepack ``w13_weight``/``w2_weight`` in place of the loaded bank;
+    keep the loaded bank for the seat, as for dense weights."""
+    try:
+        experts = importlib.import_module("vllm.model_executor.layers.fused_moe.experts.cpu_moe").CPUUnquantizedExperts
+    except Exception:
+        return
+    original = experts.process_weights_after_loading
+    if getattr(original, "_flashrt", False):
+        return
+
+    @functools.wraps(original)
+    def process(self, layer):
+        for name in ("w13_weight", "w2_weight"):
+            weight = getattr(layer, name, None)
+            if weight is not None and weight.dim() == 3 and not weight.is_meta:
+                setattr(layer, f"{_STASH}_{name}", weight.detach().clone())
+        return original(self, layer)
+
+    process._flashrt = True
+    experts.process_weights_after_loading = process
 
 
 def _serve_own_port() -> None:

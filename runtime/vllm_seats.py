@@ -9,8 +9,10 @@ back. Each tensor-parallel rank seats its own shard.
 
 Structure, not class names: a projection has a ``quant_method`` and a 2-D weight with
 ``input_size``/``output_size`` (on vLLM's CPU backend the weight was emptied after loading and
-the plugin kept a copy); the head is the model's ``lm_head``. Expert banks are not seated in
-vLLM yet (their runner layout differs between 0.32 and 0.33): they stay on vLLM's kernels.
+the plugin kept a copy); the head is the model's ``lm_head``; an expert bank is a module with
+3-D ``w13_weight``/``w2_weight`` and a ``quant_method`` (vLLM 0.32's ``routed_experts``; routing
+stays with vLLM's router, in the compiled graph). Shared experts, expert parallelism and
+routing inside the kernel (monolithic methods) are refused with the reason.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from flashrt.kernels import quantize
+from flashrt.kernels import moe, quantize
 from flashrt.runtime.profile import SeatProfile
 from flashrt.runtime.seats import CALIBRATION_ROWS, ProjectionSeat, Refused, SeatSpec, _calibration, _cosine, attach
 from flashrt.runtime.vllm_plugin import _STASH
@@ -33,30 +35,37 @@ def _weight(layer: torch.nn.Module) -> torch.Tensor | None:
 
 
 def discover_vllm(model: torch.nn.Module, profile: SeatProfile) -> list[SeatSpec]:
-    import fnmatch
-
     head = getattr(model, "lm_head", None)
     found = []
     for name, module in model.named_modules():
         if getattr(module, "quant_method", None) is None or not hasattr(module.quant_method, "apply"):
+            continue
+        w13, w2 = getattr(module, "w13_weight", None), getattr(module, "w2_weight", None)
+        if isinstance(w13, torch.Tensor) and isinstance(w2, torch.Tensor) and w13.dim() == 3 and w2.dim() == 3:
+            params = w13.numel() + w2.numel()
+            if "experts" in profile.kinds and params >= profile.min_params and _admitted(name, profile):
+                found.append(SeatSpec(name, "experts", module, params))
             continue
         w = _weight(module)
         if w is None:
             continue
         if module is head:
             kind = "head"
-        elif hasattr(module, "input_size") and hasattr(module, "output_size"):
-            kind = "dense"
+        elif hasattr(module, "input_size") and hasattr(module, "output_size") and not hasattr(module, "num_embeddings"):
+            kind = "dense"  # an input embedding also has a quant_method and a 2-D weight, but no apply() call
         else:
             continue
-        if kind not in profile.kinds or w.numel() < profile.min_params:
-            continue
-        if profile.include and not any(fnmatch.fnmatchcase(name, p) for p in profile.include):
-            continue
-        if any(fnmatch.fnmatchcase(name, p) for p in profile.exclude):
-            continue
-        found.append(SeatSpec(name, kind, module, w.numel()))
+        if kind in profile.kinds and w.numel() >= profile.min_params and _admitted(name, profile):
+            found.append(SeatSpec(name, kind, module, w.numel()))
     return sorted(found, key=lambda s: s.params)
+
+
+def _admitted(name: str, profile: SeatProfile) -> bool:
+    import fnmatch
+
+    if profile.include and not any(fnmatch.fnmatchcase(name, p) for p in profile.include):
+        return False
+    return not any(fnmatch.fnmatchcase(name, p) for p in profile.exclude)
 
 
 # Seats by number, for the custom op below: an op takes tensors and numbers, not objects.
@@ -119,8 +128,9 @@ class QuantMethodSeat(ProjectionSeat):
         self._drop_stash()
 
     def _drop_stash(self) -> None:
-        if hasattr(self.spec.module, _STASH):
-            delattr(self.spec.module, _STASH)
+        for name in (_STASH, f"{_STASH}_w13_weight", f"{_STASH}_w2_weight"):
+            if hasattr(self.spec.module, name):
+                delattr(self.spec.module, name)
 
     def unbind(self) -> None:
         layer = self.spec.module
@@ -129,12 +139,111 @@ class QuantMethodSeat(ProjectionSeat):
         self._drop_stash()
 
 
+@torch.library.custom_op("flashrt::served_moe", mutates_args=())
+def served_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, seat: int) -> torch.Tensor:
+    """A seated expert bank: rows above the MoE band go to vLLM's own bank, the rest to the
+    packed one. The band test is a Python branch on the row count, so it lives in this opaque
+    op: in a graph traced without shape guards it would be frozen at the traced size."""
+    seat_obj = _SERVED[seat]
+    if x.shape[0] > seat_obj.profile.moe_band_t:
+        return seat_obj.host_apply(x, topk_weights, topk_ids)
+    return seat_obj._serve(seat_obj.seam_moe, seat_obj.host_apply, x, topk_weights, topk_ids)
+
+
+@served_moe.register_fake
+def _(x, topk_weights, topk_ids, seat):
+    return torch.empty_like(x)
+
+
+@dataclass
+class _SeatedMoEMethod:
+    host: object
+    seat: int
+
+    def apply(self, layer, x, topk_weights, topk_ids, shared_experts=None, shared_experts_input=None):
+        if shared_experts is not None:  # not seated at bind; kept here so a change cannot go wrong
+            return self.host.apply(layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input)
+        return torch.ops.flashrt.served_moe(x, topk_weights, topk_ids, self.seat)
+
+    def __getattr__(self, name):
+        return getattr(self.host, name)
+
+
+class MoESeat(QuantMethodSeat):
+    """vLLM's routed experts: ``w13_weight [E, 2N, K]`` (gate rows, then up), ``w2_weight [E, K, N]``."""
+
+    def bind(self) -> None:
+        layer = self.spec.module
+        host = layer.quant_method
+        if getattr(host, "is_monolithic", False):
+            raise Refused("the bank routes inside its kernel (monolithic): routing must stay outside to seat it")
+        if getattr(layer, "expert_map", None) is not None:
+            raise Refused("expert parallelism (an expert map) is not seated")
+        activation = getattr(layer, "activation", "silu")
+        if str(getattr(activation, "name", activation)).lower() != "silu":
+            raise Refused(f"activation {activation} is not SiLU")
+        if getattr(layer, "apply_router_weight_on_input", False):
+            raise Refused("router weights applied on the input are not supported")
+        w13 = getattr(layer, f"{_STASH}_w13_weight", layer.w13_weight)
+        w2 = getattr(layer, f"{_STASH}_w2_weight", layer.w2_weight)
+        if w13.dtype not in (torch.bfloat16, torch.float16):
+            raise Refused(f"expert weight dtype {w13.dtype}: only unquantized bf16/fp16 banks are seated")
+        gate_up, down = quantize(w13.detach()), quantize(w2.detach())
+        e, k = w13.shape[0], w13.shape[2]
+        x = _calibration(CALIBRATION_ROWS, k, w13)
+        gen = torch.Generator(device=w13.device).manual_seed(1)
+        top_k = min(int(getattr(layer, "top_k", 2)), e)
+        weights, ids = torch.topk(torch.rand(x.shape[0], e, generator=gen, device=w13.device).softmax(-1), top_k)
+        weights = weights / weights.sum(-1, keepdim=True)
+
+        def host_apply(x, topk_weights, topk_ids):
+            return host.apply(layer, x, topk_weights, topk_ids, None, None)
+
+        def seam(x, topk_weights, topk_ids):
+            return moe(x, gate_up, down, topk_ids, topk_weights.to(x.dtype))
+
+        self.parity = _cosine(
+            seam(x, weights, ids.to(torch.int32)), host_apply(x, weights.float(), ids.to(torch.int32))
+        )
+        if self.parity < self.profile.parity_floor:
+            raise Refused(f"parity {self.parity:.4f} under the floor {self.profile.parity_floor}")
+        self.bytes_before = w13.numel() * w13.element_size() + w2.numel() * w2.element_size()
+        self.bytes_after = gate_up.nbytes + down.nbytes + self.bytes_before  # vLLM's bank stays for large batches
+        self.seam_moe, self.host_apply = seam, host_apply
+        self._drop_stash()
+        _SERVED.append(self)
+        # vLLM's MoE method is a child module: the proxy goes into the instance dict, which
+        # attribute lookup reads first, so the module tree (and every parameter path) is unchanged.
+        object.__setattr__(layer, "quant_method", _SeatedMoEMethod(host, len(_SERVED) - 1))
+        self.state = "seated"
+        self.reason = f"band {self.profile.moe_band_t} rows; vLLM's bank serves larger batches"
+
+    def unbind(self) -> None:
+        self.spec.module.__dict__.pop("quant_method", None)
+        self._drop_stash()
+
+
 def attach_vllm(model: torch.nn.Module, profile: SeatProfile):
     """``attach`` with vLLM's discovery and seats; what is not seated is left to vLLM."""
     handle = attach(
-        model, profile, discover=discover_vllm, seat_types={"dense": QuantMethodSeat, "head": QuantMethodSeat}
+        model,
+        profile,
+        discover=discover_vllm,
+        seat_types={"dense": QuantMethodSeat, "head": QuantMethodSeat, "experts": MoESeat},
+    )
+    import sys
+
+    print(
+        [(s.name, s.kind, s.state, s.reason) for s in handle.seats][-4:],
+        [
+            (n, type(m).__name__, hasattr(m, "quant_method"), hasattr(m, "w13_weight"))
+            for n, m in model.named_modules()
+            if "expert" in n
+        ][:6],
+        file=sys.stderr,
     )
     for module in model.modules():  # copies kept for seats that were refused or filtered out
-        if hasattr(module, _STASH):
-            delattr(module, _STASH)
+        for name in (_STASH, f"{_STASH}_w13_weight", f"{_STASH}_w2_weight"):
+            if hasattr(module, name):
+                delattr(module, name)
     return handle
