@@ -12,8 +12,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="flashrt", description="NVFP4 seats for vLLM, delivered on Kubernetes.")
     parser.add_argument("--version", action="version", version=f"flashrt {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="seat NVFP4 kernels into a small generated model and print the seat table")
-    demo.add_argument("--tokens", type=int, default=24, help="tokens to generate greedily")
+    demo = sub.add_parser("demo", help="vllm serve a small generated MoE model with flashrt seated, and show the seats")
+    demo.add_argument(
+        "--engine", choices=("vllm", "transformers"), default="vllm",
+        help="vllm: a real vllm serve with the plugin (default); transformers: attach to a transformers model",
+    )  # fmt: skip
+    demo.add_argument("--tokens", type=int, default=24, help="transformers: tokens to generate greedily")
     for name, text in (("inject", "print the manifests with flashrt injected into their vLLM pods"),
                        ("uninject", "print the manifests with exactly what inject added removed")):  # fmt: skip
         sub_parser = sub.add_parser(name, help=text)
@@ -29,6 +33,10 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError) as exc:
             print(f"flashrt {args.command}: {exc}", file=sys.stderr)
             return 2
+    if args.command == "demo" and args.engine == "vllm":
+        from flashrt.serve_demo import main as serve_demo
+
+        return serve_demo()
     if args.command == "demo":
         from flashrt.demo import main as demo_main
 
