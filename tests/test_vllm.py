@@ -121,3 +121,50 @@ def test_moe_engine_seats_the_expert_banks(qwen_moe_dir, tmp_path):
     assert calls >= 2 * 11, "each decode step goes through both packed banks"
     assert not any(k.startswith("flashrt_seat_fallbacks_total") and v for k, v in after.items())
     assert len(result["tokens"]["12"]) == 12
+
+
+FAULTY_PLUGIN = """
+import flashrt.runtime.vllm_seats as seats
+
+_bind = seats.QuantMethodSeat.bind
+
+
+def bind(self):
+    _bind(self)
+    if not self.name.endswith("layers.0.mlp.down_proj"):
+        return
+    healthy, calls = self.seam_with_bias, [0]
+
+    def faulty(x, bias):  # every call from the N-th on raises
+        calls[0] += 1
+        if calls[0] >= {n}:
+            raise RuntimeError("injected fault")
+        return healthy(x, bias)
+
+    self.seam_with_bias = faulty
+
+
+def register():
+    seats.QuantMethodSeat.bind = bind
+"""
+
+
+def _plugin_dir(root: Path, name: str, source: str) -> Path:
+    """A package plus its dist-info on PYTHONPATH, nothing installed: how vLLM finds plugins."""
+    (root / name).mkdir(parents=True)
+    (root / name / "__init__.py").write_text(source)
+    info = root / f"{name}-0.0.dist-info"
+    info.mkdir()
+    info.joinpath("METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.0\n")
+    info.joinpath("entry_points.txt").write_text(f"[vllm.general_plugins]\n{name} = {name}:register\n")
+    return root
+
+
+def test_a_seam_that_raises_in_the_engine_falls_back_and_every_request_completes(llama_dir, tmp_path):
+    plugins = _plugin_dir(tmp_path / "plugins", "faulty_seam", FAULTY_PLUGIN.replace("{n}", "5"))
+    env = SEATED | {"FLASHRT_MAX_FAULTS": "1000", "PYTHONPATH": f"{plugins}:{os.environ.get('PYTHONPATH', '')}"}
+    done, result = run_engine(llama_dir, tmp_path, env)
+    assert result, done.stdout[-2000:] + done.stderr[-3000:]
+    assert len(result["tokens"]["12"]) == 12 and len(result["tokens"]["4"]) == 4
+    after = result["samples"]["12"]["after"]
+    assert _value(after, "flashrt_seat_fallbacks_total", kind="dense", reason="RuntimeError") > 0
