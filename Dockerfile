@@ -11,7 +11,8 @@ COPY kernels ./kernels
 COPY runtime ./runtime
 COPY operator ./operator
 COPY bench ./bench
-RUN pip install --no-cache-dir --no-deps --target /bundle . \
+RUN pip install --no-cache-dir --no-deps . \
+    && flashrt bundle /bundle \
     && pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 # The runtime bundle: pure Python (torch and Triton come from the vLLM image it is copied into).

@@ -18,6 +18,8 @@ def main(argv: list[str] | None = None) -> int:
         help="vllm: a real vllm serve with the plugin (default); transformers: attach to a transformers model",
     )  # fmt: skip
     demo.add_argument("--tokens", type=int, default=24, help="transformers: tokens to generate greedily")
+    bundle = sub.add_parser("bundle", help="write the runtime bundle (package + vLLM plugin dist-info) into DIR")
+    bundle.add_argument("dir")
     for name, text in (("inject", "print the manifests with flashrt injected into their vLLM pods"),
                        ("uninject", "print the manifests with exactly what inject added removed")):  # fmt: skip
         sub_parser = sub.add_parser(name, help=text)
@@ -25,6 +27,11 @@ def main(argv: list[str] | None = None) -> int:
         if name == "inject":
             sub_parser.add_argument("--profile", help="a SeatProfile manifest (default: the default profile)")
     args = parser.parse_args(argv)
+    if args.command == "bundle":
+        from flashrt.bundle import bundle as write_bundle
+
+        print(write_bundle(args.dir))
+        return 0
     if args.command in ("inject", "uninject"):
         from flashrt.operator.manifests import run
 

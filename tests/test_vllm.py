@@ -168,3 +168,21 @@ def test_a_seam_that_raises_in_the_engine_falls_back_and_every_request_completes
     assert len(result["tokens"]["12"]) == 12 and len(result["tokens"]["4"]) == 4
     after = result["samples"]["12"]["after"]
     assert _value(after, "flashrt_seat_fallbacks_total", kind="dense", reason="RuntimeError") > 0
+
+
+def test_the_bundle_on_pythonpath_is_what_the_engine_runs(llama_dir, tmp_path):
+    """The init-container path without a cluster: the bundle folder on PYTHONPATH."""
+    bundle = tmp_path / "bundle"
+    subprocess.run(
+        [str(Path(sys.executable).with_name("flashrt")), "bundle", str(bundle)], check=True, capture_output=True
+    )
+    assert (bundle / "flashrt" / "runtime" / "vllm_plugin.py").exists()
+    entry = next(bundle.glob("flashrt-*.dist-info")).joinpath("entry_points.txt").read_text()
+    assert "[vllm.general_plugins]\nflashrt = flashrt.runtime.vllm_plugin:register" in entry
+    env = {"PYTHONPATH": str(bundle)}
+    origin = subprocess.run([sys.executable, "-c", "import flashrt; print(flashrt.__file__)"],
+                            env=dict(os.environ, **env), capture_output=True, text=True, check=True)  # fmt: skip
+    assert origin.stdout.startswith(str(bundle)), "the bundle wins over the installed package"
+    done, result = run_engine(llama_dir, tmp_path, SEATED | env, lengths=(4,))
+    assert result, done.stderr[-3000:]
+    assert _value(result["samples"]["4"]["after"], "flashrt_seats", kind="dense", state="seated") > 0
