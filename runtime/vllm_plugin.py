@@ -74,49 +74,47 @@ def register() -> None:
         return
     os.environ.setdefault("VLLM_DISABLE_COMPILE_CACHE", "1")
     clean_stale_metrics()
-    _keep_cpu_weights()
+    _wrap_once("vllm.model_executor.layers.utils", None, "dispatch_cpu_unquantized_gemm", _keeping_dense_weight)
+    _wrap_once(
+        "vllm.model_executor.layers.fused_moe.experts.cpu_moe", "CPUUnquantizedExperts",
+        "process_weights_after_loading", _keeping_expert_weights,
+    )  # fmt: skip
     for module_name, class_name in RUNNERS:
-        try:
-            runner = getattr(importlib.import_module(module_name), class_name)
-        except Exception:  # this vLLM or platform has no such runner
-            continue
-        if not getattr(runner.load_model, "_flashrt", False):
-            runner.load_model = _seating(runner.load_model)
+        _wrap_once(module_name, class_name, "load_model", _seating)
 
 
-def _keep_cpu_weights() -> None:
+def _wrap_once(module_name: str, owner_name: str | None, attr: str, make) -> None:
+    """Replace ``module[.owner].attr`` by ``make(original)``, once per process; a piece this
+    vLLM or platform does not have is skipped."""
     try:
-        utils = importlib.import_module("vllm.model_executor.layers.utils")
+        module = importlib.import_module(module_name)
+        owner = getattr(module, owner_name) if owner_name else module
+        original = getattr(owner, attr)
     except Exception:
         return
-    original = utils.dispatch_cpu_unquantized_gemm
     if getattr(original, "_flashrt", False):
         return
+    wrapped = functools.wraps(original)(make(original))
+    wrapped._flashrt = True
+    setattr(owner, attr, wrapped)
 
-    @functools.wraps(original)
+
+def _keeping_dense_weight(original):
+    """vLLM's CPU backend repacks an unquantized linear's weight and empties ``layer.weight``:
+    keep the loaded weight until the seat has quantized it."""
+
     def dispatch(layer, remove_weight: bool):
         weight = getattr(layer, "weight", None)
         if remove_weight and weight is not None and weight.dim() == 2 and not weight.is_meta:
             setattr(layer, _STASH, weight.detach().clone())
         return original(layer, remove_weight)
 
-    dispatch._flashrt = True
-    utils.dispatch_cpu_unquantized_gemm = dispatch
-    _keep_cpu_expert_weights()
+    return dispatch
 
 
-def _keep_cpu_expert_weights() -> None:
-    """vLLM's CPU experts prepack ``w13_weight``/``w2_weight`` in place of the loaded bank;
-    keep the loaded bank for the seat, as for dense weights."""
-    try:
-        experts = importlib.import_module("vllm.model_executor.layers.fused_moe.experts.cpu_moe").CPUUnquantizedExperts
-    except Exception:
-        return
-    original = experts.process_weights_after_loading
-    if getattr(original, "_flashrt", False):
-        return
+def _keeping_expert_weights(original):
+    """vLLM's CPU experts prepack ``w13_weight``/``w2_weight`` in place: keep the loaded bank."""
 
-    @functools.wraps(original)
     def process(self, layer):
         for name in ("w13_weight", "w2_weight"):
             weight = getattr(layer, name, None)
@@ -124,8 +122,7 @@ def _keep_cpu_expert_weights() -> None:
                 setattr(layer, f"{_STASH}_{name}", weight.detach().clone())
         return original(self, layer)
 
-    process._flashrt = True
-    experts.process_weights_after_loading = process
+    return process
 
 
 def _serve_own_port() -> None:
@@ -144,7 +141,6 @@ def _serve_own_port() -> None:
 
 
 def _seating(load_model):
-    @functools.wraps(load_model)
     def wrapped(self, *args, **kwargs):
         result = load_model(self, *args, **kwargs)
         from flashrt.runtime.profile import from_env
@@ -155,5 +151,4 @@ def _seating(load_model):
         _serve_own_port()
         return result
 
-    wrapped._flashrt = True
     return wrapped
