@@ -170,6 +170,31 @@ def load_bf16_halves(
 
 
 @triton.jit
+def load_weight_halves(
+    w_ptr,
+    scales_ptr,
+    rows,
+    n_mask,
+    K,
+    k0,
+    stride_wn,
+    stride_sn,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    USE_PRMT: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    WEIGHT_BF16: tl.constexpr,
+):
+    """NVFP4 tiles, or bf16 ones for the benchmark's same-design bf16 arm (``WEIGHT_BF16``)."""
+    if WEIGHT_BF16:
+        return load_bf16_halves(w_ptr, rows, n_mask, K, k0, stride_wn, BLOCK_N, BLOCK_K, EVEN_K)
+    else:
+        return load_nvfp4_halves(
+            w_ptr, scales_ptr, rows, n_mask, K, k0, stride_wn, stride_sn, BLOCK_N, BLOCK_K, USE_PRMT, EVEN_K
+        )
+
+
+@triton.jit
 def k_mask(rows_mask, offs_k, K, EVEN_K: tl.constexpr):
     """The mask of an activation tile ``[rows, BLOCK_K]``: by row only when K divides evenly."""
     if EVEN_K:

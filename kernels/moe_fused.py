@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from flashrt.kernels.decode import dot, interpreted, k_mask, load_bf16_halves, load_nvfp4_halves
+from flashrt.kernels.decode import dot, interpreted, k_mask, load_weight_halves
 
 GROUP_PAIRS = 128
 
@@ -140,31 +140,27 @@ def moe_gate_up_kernel(
         x_even, x_odd = tl.split(tl.reshape(x, (BLOCK_M, HALF_K, 2)))
         x_even = tl.trans(x_even)
         x_odd = tl.trans(x_odd)
-        if WEIGHT_BF16:
-            lo, hi = load_bf16_halves(packed_ptr, gate_rows, n_mask, K, k0, stride_wn, BLOCK_N, BLOCK_K, EVEN_K)
-        else:
-            lo, hi = load_nvfp4_halves(
-                packed_ptr,
-                scales_ptr,
-                gate_rows,
-                n_mask,
-                K,
-                k0,
-                stride_wn,
-                stride_sn,
-                BLOCK_N,
-                BLOCK_K,
-                USE_PRMT,
-                EVEN_K,
-            )
+        lo, hi = load_weight_halves(
+            packed_ptr,
+            scales_ptr,
+            gate_rows,
+            n_mask,
+            K,
+            k0,
+            stride_wn,
+            stride_sn,
+            BLOCK_N,
+            BLOCK_K,
+            USE_PRMT,
+            EVEN_K,
+            WEIGHT_BF16,
+        )
         acc_gate = dot(lo, x_even, acc_gate, INTERPRETED)
         acc_gate = dot(hi, x_odd, acc_gate, INTERPRETED)
-        if WEIGHT_BF16:
-            lo, hi = load_bf16_halves(packed_ptr, up_rows, n_mask, K, k0, stride_wn, BLOCK_N, BLOCK_K, EVEN_K)
-        else:
-            lo, hi = load_nvfp4_halves(
-                packed_ptr, scales_ptr, up_rows, n_mask, K, k0, stride_wn, stride_sn, BLOCK_N, BLOCK_K, USE_PRMT, EVEN_K
-            )
+        lo, hi = load_weight_halves(
+            packed_ptr, scales_ptr, up_rows, n_mask, K, k0, stride_wn, stride_sn,
+            BLOCK_N, BLOCK_K, USE_PRMT, EVEN_K, WEIGHT_BF16,
+        )  # fmt: skip
         acc_up = dot(lo, x_even, acc_up, INTERPRETED)
         acc_up = dot(hi, x_odd, acc_up, INTERPRETED)
 
@@ -220,23 +216,21 @@ def moe_down_kernel(
         w_rows = expert * N + offs_n.to(tl.int64)
         part = tl.zeros((BLOCK_N, HALF_K), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            if WEIGHT_BF16:
-                lo, hi = load_bf16_halves(packed_ptr, w_rows, n_mask, K, k0, stride_wn, BLOCK_N, BLOCK_K, EVEN_K)
-            else:
-                lo, hi = load_nvfp4_halves(
-                    packed_ptr,
-                    scales_ptr,
-                    w_rows,
-                    n_mask,
-                    K,
-                    k0,
-                    stride_wn,
-                    stride_sn,
-                    BLOCK_N,
-                    BLOCK_K,
-                    USE_PRMT,
-                    EVEN_K,
-                )
+            lo, hi = load_weight_halves(
+                packed_ptr,
+                scales_ptr,
+                w_rows,
+                n_mask,
+                K,
+                k0,
+                stride_wn,
+                stride_sn,
+                BLOCK_N,
+                BLOCK_K,
+                USE_PRMT,
+                EVEN_K,
+                WEIGHT_BF16,
+            )
             h_mask = (k0 + 2 * offs_h < K) | EVEN_K  # strided, not split: see linear_gemv
             h_even = tl.load(h_row + k0 + 2 * offs_h, mask=h_mask, other=0.0).to(tl.float32)
             h_odd = tl.load(h_row + k0 + 2 * offs_h + 1, mask=h_mask, other=0.0).to(tl.float32)

@@ -105,6 +105,12 @@ def _time_us(fn, warmup: int = 3, reps: int = 15) -> float:
     return statistics.median(times)
 
 
+def _reason(exc: Exception) -> str:
+    """A refusal in one line: a config that does not build here is refused, not fatal."""
+    first = str(exc).splitlines()[0][:200] if str(exc) else ""
+    return f"{type(exc).__name__}: {first}"
+
+
 def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(F.cosine_similarity(a.float().flatten(), b.float().flatten(), dim=0))
 
@@ -130,7 +136,7 @@ def choose_linear(x: torch.Tensor, packed, scales, global_scale, bias) -> Candid
             ref = linear_reference(x, sample, None if bias is None else bias[rows])
             return Outcome(c, _time_us(run), parity=_cosine(out[:, rows], ref))
         except Exception as exc:  # a config that does not build here is refused, not fatal
-            return Outcome(c, refused=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+            return Outcome(c, refused=_reason(exc))
 
     return TUNER.choose(_device_key(device.index or 0), key, linear_candidates(m, n, k), measure, _may_measure(device))
 
@@ -152,7 +158,7 @@ def choose_moe(hidden, gate_up, down, topk_ids, topk_weights) -> Candidate:
             ref = moe_reference(hidden, NVFP4Weight(*gate_up), NVFP4Weight(*down), topk_ids, topk_weights)
             return Outcome(c, _time_us(run), parity=_cosine(out, ref))
         except Exception as exc:
-            return Outcome(c, refused=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+            return Outcome(c, refused=_reason(exc))
 
     return TUNER.choose(_device_key(device.index or 0), key, cands, measure, _may_measure(device))
 
