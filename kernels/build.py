@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import product
 
-from flashrt.kernels import linear_gemv, linear_mma, moe_fused, quantizer
+from flashrt.kernels import linear_gemv, linear_gemv_gluon, linear_mma, moe_fused, quantizer
 
 TARGETS = (90, 100, 110, 120)
 _ALIGNED_INTS = {"N", "K", "stride_xm", "stride_om", "stride_wn", "stride_sn", "stride_hm", "numel"}
@@ -34,6 +34,8 @@ _LINEAR_SIG = {
     "stride_wn": "i32",
     "stride_sn": "i32",
 }
+_GEMV_GLUON_SIG = {name if name != "packed_ptr" else "words_ptr": kind for name, kind in _LINEAR_SIG.items()}
+_GEMV_GLUON_SIG["words_ptr"] = "*i32"
 _GATE_UP_SIG = {
     "x_ptr": "*bf16",
     "packed_ptr": "*u8",
@@ -124,6 +126,12 @@ def builds() -> Iterator[Build]:
                     consts["INTERPRETED"] = False
                 sig = _with_constexprs(_LINEAR_SIG, consts)
                 yield from unique(Build(f"linear_{form}", fn, sig, consts, cfg["num_warps"], cfg["num_stages"]))
+        for cfg, even_k in product(linear_gemv_gluon.configs(m, 4096, 4096), (True, False)):
+            consts = {"HAS_BIAS": False, "X_FP16": False, "EVEN_K": even_k, "WARPS": cfg["num_warps"]}
+            consts |= {"ROWS": cfg["ROWS"], "GROUPS": cfg["GROUPS"]}
+            fn = linear_gemv_gluon.nvfp4_linear_gemv_gluon_kernel
+            sig = _with_constexprs(_GEMV_GLUON_SIG, consts)
+            yield from unique(Build("linear_gemv_gluon", fn, sig, consts, cfg["num_warps"], 1))
     for t in _TOKENS:
         for cfg in moe_fused.configs(t, 768, 2048):
             for weight_bf16, even_k in product((False, True), (True, False)):
@@ -159,6 +167,7 @@ def compile_for(build: Build, arch: int):
     """The compiled kernel (``.asm['cubin']``, ``.asm['ptx']``) for ``sm_<arch>``."""
     import triton
     from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
 
     # What a launch on real shapes specializes: pointers and every integer argument divisible by
     # 16 (strides, N and K of real layers); without it loads would not vectorize as they do.
@@ -167,7 +176,8 @@ def compile_for(build: Build, arch: int):
         for i, (name, kind) in enumerate(build.signature.items())
         if kind != "constexpr" and (kind.startswith("*") or name in _ALIGNED_INTS)
     }
-    src = triton.compiler.ASTSource(fn=build.fn, signature=build.signature, constexprs=build.constexprs, attrs=aligned)
+    source = GluonASTSource if isinstance(build.fn, GluonJITFunction) else triton.compiler.ASTSource
+    src = source(fn=build.fn, signature=build.signature, constexprs=build.constexprs, attrs=aligned)
     return triton.compile(
         src, target=GPUTarget("cuda", arch, 32), options={"num_warps": build.num_warps, "num_stages": build.num_stages}
     )

@@ -22,3 +22,21 @@ def test_every_kernel_config_builds_for(arch):
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert f"sm_{arch}: " in done.stdout
+
+
+def test_gluon_gemv_keeps_every_operand_in_registers():
+    """The reason the Gluon GEMV exists: no shared memory, so no barrier in its main loop."""
+    code = """
+from flashrt.kernels import build
+kernels = [b for b in build.builds() if b.name == "linear_gemv_gluon"]
+assert kernels, "no Gluon GEMV build offered"
+for b in kernels:
+    for arch in build.TARGETS:
+        shared = build.compile_for(b, arch).metadata.shared
+        assert shared == 0, (arch, b.constexprs, shared)
+print("checked", len(kernels))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "checked" in done.stdout

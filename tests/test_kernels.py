@@ -7,7 +7,7 @@ tests run the compiled kernels, including the PTX decoder the interpreter cannot
 import pytest
 import torch
 import torch.nn.functional as F
-from flashrt.kernels import linear_gemv, linear_mma, moe_fused, nvfp4, ops
+from flashrt.kernels import linear_gemv, linear_gemv_gluon, linear_mma, moe_fused, nvfp4, ops
 from flashrt.kernels.decode import use_prmt
 from flashrt.kernels.nvfp4 import NVFP4Weight
 from flashrt.kernels.quantizer import quantize_triton
@@ -92,13 +92,16 @@ def test_quantizer_kernel_matches_reference_bit_for_bit(shape, device):
 # -- linear ----------------------------------------------------------------------------------------
 
 
-# Each form is tested on the token counts it is offered for (linear_gemv: up to 4 tokens).
-LINEAR_CASES = [
-    (form, m, k)
-    for form, tokens in (("gemv", (1, 3)), ("mma", (1, 3, 7, 16, 33)))
-    for m in tokens
-    for k in (768, 2048, 4096)
-]
+# Each form is tested on the token counts it is offered for (the GEMVs: up to 4 tokens); the
+# Gluon GEMV needs a compiled GPU (no interpreter), CI checks its decoder in plain torch below.
+LINEAR_FORMS = {"gemv": linear_gemv, "mma": linear_mma} | ({"gemv_gluon": linear_gemv_gluon} if ON_GPU else {})
+LINEAR_TOKENS = {"gemv": (1, 3), "gemv_gluon": (1, 3), "mma": (1, 3, 7, 16, 33)}
+LINEAR_CONFIGS = {
+    "gemv": {"BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4, "num_stages": 2},
+    "gemv_gluon": {"ROWS": 4, "GROUPS": 2, "num_warps": 4},
+    "mma": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4, "num_stages": 2},
+}
+LINEAR_CASES = [(form, m, k) for form in LINEAR_FORMS for m in LINEAR_TOKENS[form] for k in (768, 2048, 4096)]
 
 
 @pytest.mark.parametrize(("form", "m", "k"), LINEAR_CASES)
@@ -108,14 +111,8 @@ def test_linear_kernel_matches_reference(form, m, k, device):
     q = nvfp4.quantize(w)
     x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
     bias = torch.randn(n, dtype=torch.bfloat16, device=device)
-    mod = {"gemv": linear_gemv, "mma": linear_mma}[form]
-    config = {
-        "BLOCK_M": 16,
-        "BLOCK_N": 64,
-        "BLOCK_K": 256,
-        "num_warps": 4,
-        "num_stages": 2,
-    }
+    mod = LINEAR_FORMS[form]
+    config = LINEAR_CONFIGS[form]
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
     mod.launch(x, q.packed, q.scales, q.global_scale, None, out, config, _prmt(device))
     assert not out.isnan().any(), "every output element must be written"
@@ -124,6 +121,17 @@ def test_linear_kernel_matches_reference(form, m, k, device):
     out_b = torch.full_like(out, float("nan"))
     mod.launch(x, q.packed, q.scales, q.global_scale, bias, out_b, config, _prmt(device))
     torch.testing.assert_close(out_b.float(), out.float() + bias.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_gluon_gemv_bit_placement_decodes_every_e2m1_code():
+    """The shifts and masks the Gluon GEMV's PTX is generated from, run in plain torch: every
+    code in every nibble position must come out as ``e2m1 * 2**-14`` in fp16, in element order."""
+    words = torch.randint(-(2**31), 2**31, (4096,), dtype=torch.int64).to(torch.int32)
+    nibbles = torch.stack([(words.to(torch.int64) >> (4 * j)) & 15 for j in range(8)], dim=-1).to(torch.uint8)
+    expected = nvfp4.e2m1_values(nibbles).to(torch.float32) * 2.0**-14
+    got = linear_gemv_gluon.fp16_bits(words).to(torch.float32)
+    assert set(nibbles.unique().tolist()) == set(range(16))
+    assert torch.equal(got, expected)
 
 
 @pytest.mark.parametrize("m", [1, 5, 64])
