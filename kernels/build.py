@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import product
 
-from flashrt.kernels import linear_gemv, linear_gemv_gluon, linear_mma, moe_fused, quantizer
+from flashrt.kernels import linear_gemv, linear_gemv_gluon, linear_mma, linear_mma_gluon, moe_fused, quantizer
 
 TARGETS = (90, 100, 110, 120)
 _ALIGNED_INTS = {"N", "K", "stride_xm", "stride_om", "stride_wn", "stride_sn", "stride_hm", "numel"}
@@ -34,6 +34,7 @@ _LINEAR_SIG = {
     "stride_wn": "i32",
     "stride_sn": "i32",
 }
+# The Gluon forms read the weight as int32 words.
 _GEMV_GLUON_SIG = {name if name != "packed_ptr" else "words_ptr": kind for name, kind in _LINEAR_SIG.items()}
 _GEMV_GLUON_SIG["words_ptr"] = "*i32"
 _GATE_UP_SIG = {
@@ -127,11 +128,17 @@ def builds() -> Iterator[Build]:
                 sig = _with_constexprs(_LINEAR_SIG, consts)
                 yield from unique(Build(f"linear_{form}", fn, sig, consts, cfg["num_warps"], cfg["num_stages"]))
         for cfg, even_k in product(linear_gemv_gluon.configs(m, 4096, 4096), (True, False)):
-            consts = {"HAS_BIAS": False, "X_FP16": False, "EVEN_K": even_k, "WARPS": cfg["num_warps"]}
-            consts |= {"ROWS": cfg["ROWS"], "GROUPS": cfg["GROUPS"]}
+            consts = {"HAS_BIAS": False, "X_FP16": False, "EVEN_K": even_k} | cfg
             fn = linear_gemv_gluon.nvfp4_linear_gemv_gluon_kernel
             sig = _with_constexprs(_GEMV_GLUON_SIG, consts)
-            yield from unique(Build("linear_gemv_gluon", fn, sig, consts, cfg["num_warps"], 1))
+            warps = cfg["WARPS_N"] * cfg["WARPS_K"]
+            yield from unique(Build("linear_gemv_gluon", fn, sig, consts, warps, 1))
+        for cfg, even_k in product(linear_mma_gluon.configs(m, 4096, 4096), (True, False)):
+            consts = {"HAS_BIAS": False, "EVEN_K": even_k} | cfg
+            fn = linear_mma_gluon.nvfp4_linear_mma_gluon_kernel
+            yield from unique(
+                Build("linear_mma_gluon", fn, _with_constexprs(_GEMV_GLUON_SIG, consts), consts, cfg["WARPS"], 1)
+            )
     for t in _TOKENS:
         for cfg in moe_fused.configs(t, 768, 2048):
             for weight_bf16, even_k in product((False, True), (True, False)):

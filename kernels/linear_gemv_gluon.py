@@ -107,6 +107,16 @@ def _pair_to_f32(pair, X_FP16: gl.constexpr):
 
 
 @gluon.jit
+def _load_step(words_ptr, scales_ptr, g0, groups_k, word_off, scale_off, row_mask, group, EVEN_K: gl.constexpr):
+    """The weight words and scale bytes of one step; all-masked past the end of K."""
+    # A mask that varies along K would split the 16-byte weight loads: only when K is ragged.
+    mask = row_mask & (g0 < groups_k) if EVEN_K else row_mask & gl.expand_dims(g0 + group < groups_k, 0)
+    w = gl.load(words_ptr + g0 * 2 + word_off, mask=gl.expand_dims(mask, 2), other=0)
+    scale = gl.load(scales_ptr + g0 + scale_off, mask=mask, other=0)
+    return w, scale
+
+
+@gluon.jit
 def nvfp4_linear_gemv_gluon_kernel(
     # pointers
     x_ptr,
@@ -130,15 +140,18 @@ def nvfp4_linear_gemv_gluon_kernel(
     EVEN_K: gl.constexpr,
     ROWS: gl.constexpr,
     GROUPS: gl.constexpr,
-    WARPS: gl.constexpr,
+    WARPS_N: gl.constexpr,
+    WARPS_K: gl.constexpr,
+    PREFETCH: gl.constexpr,
 ):
     # A thread owns ROWS rows x GROUPS scale groups (16 elements, two words) per step; a warp
-    # spans 32 x GROUPS groups of K, the warps stack along N. Scales and activations are slices.
-    WORDS: gl.constexpr = gl.BlockedLayout([ROWS, GROUPS, 2], [1, 32, 1], [WARPS, 1, 1], [2, 1, 0])
+    # spans 32 x GROUPS groups of K; warps stack along N (WARPS_N) and split K (WARPS_K, for
+    # layers too narrow to give every SM programs). Scales and activations are slices of it.
+    WORDS: gl.constexpr = gl.BlockedLayout([ROWS, GROUPS, 2], [1, 32, 1], [WARPS_N, WARPS_K, 1], [2, 1, 0])
     TILE: gl.constexpr = gl.SliceLayout(2, WORDS)
     ACTS: gl.constexpr = gl.SliceLayout(0, WORDS)
-    BLOCK_N: gl.constexpr = ROWS * WARPS
-    STEP_GROUPS: gl.constexpr = 32 * GROUPS
+    BLOCK_N: gl.constexpr = ROWS * WARPS_N
+    STEP_GROUPS: gl.constexpr = 32 * GROUPS * WARPS_K
 
     pid_n = gl.program_id(0)
     row = gl.program_id(1).to(gl.int64)  # one token a program: its weights come from L2 for the others
@@ -159,19 +172,24 @@ def nvfp4_linear_gemv_gluon_kernel(
 
     groups_k = K // 16
     acc = gl.zeros([BLOCK_N, STEP_GROUPS, 2], gl.float32, layout=WORDS)
+    w, scale = _load_step(words_ptr, scales_ptr, 0, groups_k, word_off, scale_off, row_mask, group, EVEN_K)
     for g0 in range(0, groups_k, STEP_GROUPS):
-        # A mask that varies along K would split the 16-byte weight loads: only when K is ragged.
-        mask = row_mask if EVEN_K else row_mask & gl.expand_dims(g0 + group < groups_k, 0)
+        if PREFETCH:  # the next step's bytes are in flight while this one computes
+            w_next, scale_next = _load_step(
+                words_ptr, scales_ptr, g0 + STEP_GROUPS, groups_k, word_off, scale_off, row_mask, group, EVEN_K
+            )
+        else:
+            w_next, scale_next = w, scale
+            w, scale = _load_step(words_ptr, scales_ptr, g0, groups_k, word_off, scale_off, row_mask, group, EVEN_K)
         x_mask = gl.expand_dims(g0 + x_group < groups_k, 1)
-        w = gl.load(words_ptr + g0 * 2 + word_off, mask=gl.expand_dims(mask, 2), other=0)
-        scale = gl.load(scales_ptr + g0 + scale_off, mask=mask, other=0)
-        scale = gl.expand_dims(scale.to(gl.float8e4nv, bitcast=True).to(gl.float32), 2)
         p = x_pairs + g0 * 8 + pair_off
         x0, x1 = _pair_to_f32(gl.load(p, mask=x_mask, other=0), X_FP16)
         x2, x3 = _pair_to_f32(gl.load(p + 1, mask=x_mask, other=0), X_FP16)
         x4, x5 = _pair_to_f32(gl.load(p + 2, mask=x_mask, other=0), X_FP16)
         x6, x7 = _pair_to_f32(gl.load(p + 3, mask=x_mask, other=0), X_FP16)
-        acc = gl.fma(_word_dot(w, x0, x1, x2, x3, x4, x5, x6, x7), scale, acc)
+        block_scale = gl.expand_dims(scale.to(gl.float8e4nv, bitcast=True).to(gl.float32), 2)
+        acc = gl.fma(_word_dot(w, x0, x1, x2, x3, x4, x5, x6, x7), block_scale, acc)
+        w, scale = w_next, scale_next
 
     result = gl.sum(gl.sum(acc, axis=2), axis=1) * (gl.load(global_scale_ptr) * _DECODE_FACTOR)
     if HAS_BIAS:
@@ -193,7 +211,7 @@ def launch(
     so whole words) and the activations as int32 pairs; ``use_prmt`` is unused (no lookup)."""
     m, k = x.shape
     n = packed.shape[0]
-    block_n = config["ROWS"] * config["num_warps"]
+    block_n = config["ROWS"] * config["WARPS_N"]
     grid = (triton.cdiv(n, block_n), m)
     nvfp4_linear_gemv_gluon_kernel[grid](
         x,
@@ -211,11 +229,13 @@ def launch(
         scales.stride(0),
         HAS_BIAS=bias is not None,
         X_FP16=x.dtype == torch.float16,
-        EVEN_K=(k // 16) % (32 * config["GROUPS"]) == 0,
+        EVEN_K=(k // 16) % (32 * config["GROUPS"] * config["WARPS_K"]) == 0,
         ROWS=config["ROWS"],
         GROUPS=config["GROUPS"],
-        WARPS=config["num_warps"],
-        num_warps=config["num_warps"],
+        WARPS_N=config["WARPS_N"],
+        WARPS_K=config["WARPS_K"],
+        PREFETCH=config["PREFETCH"],
+        num_warps=config["WARPS_N"] * config["WARPS_K"],
     )
     return out
 
@@ -224,16 +244,19 @@ def configs(m: int, n: int, k: int) -> list[dict]:
     """Candidates for one shape: up to 4 tokens, on a compiled GPU (Gluon has no interpreter).
 
     ROWS 2-8 a thread: the activations a thread converts are shared by its rows (12 instructions
-    a word column), so fewer than 2 rows spend more on activations than on weights; 8 rows keep
-    128 bytes a thread in flight. GROUPS 1 or 2: 8- or 16-byte loads. Warps 4 or 8.
+    a word column), so fewer than 2 rows spend more on activations than on weights. GROUPS 1 or
+    2: 8- or 16-byte loads. Four warps, along N or splitting K: a 4096-row layer in blocks of 32
+    rows is 128 programs, fewer than the H200's 132 SMs (measured: the old GEMV won there).
+    PREFETCH doubles the bytes a thread has in flight at the cost of their registers.
     """
     from flashrt.kernels.decode import interpreted
 
     if m > 4 or interpreted() or k % 16:
         return []
     return [
-        {"ROWS": rows, "GROUPS": groups, "num_warps": warps}
+        {"ROWS": rows, "GROUPS": groups, "WARPS_N": 4 // warps_k, "WARPS_K": warps_k, "PREFETCH": prefetch}
         for rows in (2, 4, 8)
         for groups in (1, 2)
-        for warps in (4, 8)
+        for warps_k in (1, 2, 4)
+        for prefetch in (0, 1)
     ]

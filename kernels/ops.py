@@ -16,12 +16,17 @@ import functools
 
 import torch
 import torch.nn.functional as F
-from flashrt.kernels import linear_gemv, linear_gemv_gluon, linear_mma, moe_fused
+from flashrt.kernels import linear_gemv, linear_gemv_gluon, linear_mma, linear_mma_gluon, moe_fused
 from flashrt.kernels.nvfp4 import BLOCK_SIZE, NVFP4Weight, check_weight, dequantize
 from flashrt.kernels.tuning import TUNER, Candidate, Outcome, bucket, candidate
 
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
-LINEAR_FORMS = {"gemv": linear_gemv, "gemv_gluon": linear_gemv_gluon, "mma": linear_mma}
+LINEAR_FORMS = {
+    "gemv": linear_gemv,
+    "gemv_gluon": linear_gemv_gluon,
+    "mma": linear_mma,
+    "mma_gluon": linear_mma_gluon,
+}
 
 
 # -- references ----------------------------------------------------------------------------------

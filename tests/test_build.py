@@ -24,16 +24,19 @@ def test_every_kernel_config_builds_for(arch):
     assert f"sm_{arch}: " in done.stdout
 
 
-def test_gluon_gemv_keeps_every_operand_in_registers():
-    """The reason the Gluon GEMV exists: no shared memory, so no barrier in its main loop."""
+def test_gluon_forms_keep_every_operand_in_registers():
+    """The reason the Gluon forms exist: no shared memory in the main loop, so no barrier. The
+    only shared memory allowed is the GEMV's one cross-warp sum at the end when warps split K."""
     code = """
 from flashrt.kernels import build
-kernels = [b for b in build.builds() if b.name == "linear_gemv_gluon"]
-assert kernels, "no Gluon GEMV build offered"
+kernels = [b for b in build.builds() if b.name in ("linear_gemv_gluon", "linear_mma_gluon")]
+assert {b.name for b in kernels} == {"linear_gemv_gluon", "linear_mma_gluon"}
 for b in kernels:
     for arch in build.TARGETS:
         shared = build.compile_for(b, arch).metadata.shared
-        assert shared == 0, (arch, b.constexprs, shared)
+        c = b.constexprs
+        final_sum = 4 * c["ROWS"] * c["WARPS_N"] * c["WARPS_K"] if c.get("WARPS_K", 1) > 1 else 0
+        assert shared <= final_sum, (arch, b.name, b.constexprs, shared)
 print("checked", len(kernels))
 """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -7,7 +7,7 @@ tests run the compiled kernels, including the PTX decoder the interpreter cannot
 import pytest
 import torch
 import torch.nn.functional as F
-from flashrt.kernels import linear_gemv, linear_gemv_gluon, linear_mma, moe_fused, nvfp4, ops
+from flashrt.kernels import linear_gemv, linear_gemv_gluon, linear_mma, linear_mma_gluon, moe_fused, nvfp4, ops
 from flashrt.kernels.decode import use_prmt
 from flashrt.kernels.nvfp4 import NVFP4Weight
 from flashrt.kernels.quantizer import quantize_triton
@@ -94,12 +94,14 @@ def test_quantizer_kernel_matches_reference_bit_for_bit(shape, device):
 
 # Each form is tested on the token counts it is offered for (the GEMVs: up to 4 tokens); the
 # Gluon GEMV needs a compiled GPU (no interpreter), CI checks its decoder in plain torch below.
-LINEAR_FORMS = {"gemv": linear_gemv, "mma": linear_mma} | ({"gemv_gluon": linear_gemv_gluon} if ON_GPU else {})
-LINEAR_TOKENS = {"gemv": (1, 3), "gemv_gluon": (1, 3), "mma": (1, 3, 7, 16, 33)}
+GLUON_FORMS = {"gemv_gluon": linear_gemv_gluon, "mma_gluon": linear_mma_gluon}
+LINEAR_FORMS = {"gemv": linear_gemv, "mma": linear_mma} | (GLUON_FORMS if ON_GPU else {})
+LINEAR_TOKENS = {"gemv": (1, 3), "gemv_gluon": (1, 3), "mma": (1, 3, 7, 16, 33), "mma_gluon": (1, 3, 7, 16, 33)}
 LINEAR_CONFIGS = {
     "gemv": {"BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4, "num_stages": 2},
-    "gemv_gluon": {"ROWS": 4, "GROUPS": 2, "num_warps": 4},
+    "gemv_gluon": {"ROWS": 4, "GROUPS": 2, "WARPS_N": 2, "WARPS_K": 2, "PREFETCH": 1},
     "mma": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4, "num_stages": 2},
+    "mma_gluon": {"BLOCK_M": 16, "ROW_TILES": 2, "WARPS": 4, "WORDS_PER_THREAD": 4},
 }
 LINEAR_CASES = [(form, m, k) for form in LINEAR_FORMS for m in LINEAR_TOKENS[form] for k in (768, 2048, 4096)]
 
@@ -132,6 +134,16 @@ def test_gluon_gemv_bit_placement_decodes_every_e2m1_code():
     got = linear_gemv_gluon.fp16_bits(words).to(torch.float32)
     assert set(nibbles.unique().tolist()) == set(range(16))
     assert torch.equal(got, expected)
+
+
+def test_gluon_mma_bit_placement_decodes_every_e2m1_code():
+    """The tensor-core form's bf16 bit placement, likewise: ``e2m1 * 2**-126``, subnormal 0.5 included."""
+    words = torch.randint(-(2**31), 2**31, (4096,), dtype=torch.int64).to(torch.int32)
+    nibbles = torch.stack([(words.to(torch.int64) >> (4 * j)) & 15 for j in range(8)], dim=-1).to(torch.uint8)
+    expected = nvfp4.e2m1_values(nibbles).to(torch.float64) * 2.0**-126
+    assert torch.equal(linear_mma_gluon.bf16_bits(words).to(torch.float64), expected)
+    assert torch.finfo(torch.bfloat16).max > linear_mma_gluon.SCALE_FACTOR * 448
+    assert linear_mma_gluon.SCALE_FACTOR * linear_mma_gluon.EPILOGUE_FACTOR == 2.0**126
 
 
 @pytest.mark.parametrize("m", [1, 5, 64])
