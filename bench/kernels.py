@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from flashrt.bench.timing import copies_for, copy_bandwidth_tbps, eager_us, graph_us
 from flashrt.kernels import moe_fused, nvfp4, ops
 from flashrt.kernels.nvfp4 import NVFP4Weight
+from flashrt.kernels.tuning import TUNER
 
 # (name, N, K): design.md's anchors plus the expert shapes of Qwen3-30B-A3B (768 inter) and
 # Qwen3.5-35B-A3B (512 inter).
@@ -338,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def save() -> None:  # after every shape: a run cut short still leaves its figures
         result["summary"] = summarize(rows)
+        result["adjudication"] = {key: list(notes) for key, notes in TUNER.all_notes().items()}
         out.write_text(json.dumps(result, indent=1))
 
     if "quantize" in parts:
