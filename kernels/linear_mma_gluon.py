@@ -124,6 +124,20 @@ def activations_layout(block_m, warps, words_per_thread):
 
 
 @gluon.jit
+def _load_weights(words_ptr, scales_ptr, k0, K, word_off, scale_off, group3, EVEN_K: gl.constexpr):
+    """Scale bytes and weight words of the step at ``k0``; masked along K only when K is ragged."""
+    g0 = k0 // 16
+    if EVEN_K:
+        raw = gl.load(scales_ptr + g0 + scale_off)
+        words = gl.load(words_ptr + g0 * 2 + word_off)
+    else:
+        k_mask3 = g0 + group3 < K // 16
+        raw = gl.load(scales_ptr + g0 + scale_off, mask=k_mask3, other=0)
+        words = gl.load(words_ptr + g0 * 2 + word_off, mask=gl.expand_dims(k_mask3, 3), other=0)
+    return raw, words
+
+
+@gluon.jit
 def nvfp4_linear_mma_gluon_kernel(
     # pointers
     x_ptr,
@@ -148,6 +162,7 @@ def nvfp4_linear_mma_gluon_kernel(
     ROW_TILES: gl.constexpr,
     WARPS: gl.constexpr,
     WORDS_PER_THREAD: gl.constexpr,
+    PREFETCH: gl.constexpr,
 ):
     V: gl.constexpr = WORDS_PER_THREAD
     BLOCK_N: gl.constexpr = 16 * ROW_TILES * WARPS
@@ -184,18 +199,16 @@ def nvfp4_linear_mma_gluon_kernel(
     token_mask = gl.expand_dims(tokens < M, 0)
 
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=ACC)
-    groups_k = K // 16
+    raw, words = _load_weights(words_ptr, scales_ptr, 0, K, word_off, scale_off, group3, EVEN_K)
     for k0 in range(0, K, BLOCK_K):
-        g0 = k0 // 16
-        if EVEN_K:
-            raw = gl.load(scales_ptr + g0 + scale_off)
-            words = gl.load(words_ptr + g0 * 2 + word_off)
-            x_mask = token_mask
+        if PREFETCH:  # the next step's bytes are in flight while this one decodes
+            # With EVEN_K the last step re-reads itself instead of reading past the row.
+            k_next = gl.minimum(k0 + BLOCK_K, K - BLOCK_K) if EVEN_K else k0 + BLOCK_K
+            raw_next, words_next = _load_weights(words_ptr, scales_ptr, k_next, K, word_off, scale_off, group3, EVEN_K)
         else:
-            k_mask3 = g0 + group3 < groups_k
-            raw = gl.load(scales_ptr + g0 + scale_off, mask=k_mask3, other=0)
-            words = gl.load(words_ptr + g0 * 2 + word_off, mask=gl.expand_dims(k_mask3, 3), other=0)
-            x_mask = token_mask & gl.expand_dims(k0 + ka < K, 1)
+            raw_next, words_next = raw, words
+            raw, words = _load_weights(words_ptr, scales_ptr, k0, K, word_off, scale_off, group3, EVEN_K)
+        x_mask = token_mask if EVEN_K else token_mask & gl.expand_dims(k0 + ka < K, 1)
         scale = (raw.to(gl.float8e4nv, bitcast=True).to(gl.float32) * _SCALE_FACTOR).to(gl.bfloat16)
         p0, p1, p2, p3 = _decode(words, gl.broadcast(gl.expand_dims(scale, 3), words)[0])
         # [rows, t, g, h, q0, q1] -> [rows, g, h, q1, q0, t]: pair = t + 4 q0 + 8 q1 + 16 (2g + h)
@@ -208,6 +221,7 @@ def nvfp4_linear_mma_gluon_kernel(
         x = gl.permute(gl.reshape(x, (4, V, 2, 2, 2, BLOCK_M)), (1, 3, 4, 0, 2, 5))
         b = gl.convert_layout(gl.reshape(x, (BLOCK_K, BLOCK_M)), B_OP, assert_trivial=True)
         acc = mma_v2(a, b, acc)
+        raw, words = raw_next, words_next
 
     acc = acc * (gl.load(global_scale_ptr) * _EPILOGUE_FACTOR)
     offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
@@ -257,6 +271,7 @@ def launch(
         ROW_TILES=config["ROW_TILES"],
         WARPS=config["WARPS"],
         WORDS_PER_THREAD=config["WORDS_PER_THREAD"],
+        PREFETCH=config["PREFETCH"],
         num_warps=config["WARPS"],
     )
     return out
@@ -266,7 +281,8 @@ def configs(m: int, n: int, k: int) -> list[dict]:
     """Candidates for one shape: bf16 activations on a compiled GPU (Gluon has no interpreter).
 
     BLOCK_M the token tile (8 is one MMA wide; more tokens reuse each decoded fragment);
-    ROW_TILES 1-2 row tiles of 16 a warp; 4 warps; WORDS_PER_THREAD 2 or 4 (8- or 16-byte loads).
+    ROW_TILES 1-2 row tiles of 16 a warp; 4 or 8 warps; WORDS_PER_THREAD 2 or 4 (8- or 16-byte
+    loads); PREFETCH keeps the next step's words in flight during the decode (more registers).
     """
     from flashrt.kernels.decode import interpreted
 
@@ -274,8 +290,10 @@ def configs(m: int, n: int, k: int) -> list[dict]:
         return []
     block_ms = [bm for bm in (8, 16, 32, 64) if bm // 2 < max(m, 8)][-2:]
     return [
-        {"BLOCK_M": bm, "ROW_TILES": tiles, "WARPS": 4, "WORDS_PER_THREAD": v}
+        {"BLOCK_M": bm, "ROW_TILES": tiles, "WARPS": warps, "WORDS_PER_THREAD": v, "PREFETCH": prefetch}
         for bm in block_ms
         for tiles in (1, 2)
+        for warps in (4, 8)
         for v in (2, 4)
+        for prefetch in (0, 1)
     ]

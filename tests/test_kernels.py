@@ -101,7 +101,7 @@ LINEAR_CONFIGS = {
     "gemv": {"BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4, "num_stages": 2},
     "gemv_gluon": {"ROWS": 4, "GROUPS": 2, "WARPS_N": 2, "WARPS_K": 2, "PREFETCH": 1},
     "mma": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4, "num_stages": 2},
-    "mma_gluon": {"BLOCK_M": 16, "ROW_TILES": 2, "WARPS": 4, "WORDS_PER_THREAD": 4},
+    "mma_gluon": {"BLOCK_M": 16, "ROW_TILES": 2, "WARPS": 4, "WORDS_PER_THREAD": 4, "PREFETCH": 1},
 }
 LINEAR_CASES = [(form, m, k) for form in LINEAR_FORMS for m in LINEAR_TOKENS[form] for k in (768, 2048, 4096)]
 
