@@ -12,10 +12,29 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import product
 
-from flashrt.kernels import linear_gemv, linear_gemv_gluon, linear_mma, linear_mma_gluon, moe_fused, quantizer
+from flashrt.kernels import (
+    linear_gemv,
+    linear_gemv_gluon,
+    linear_mma,
+    linear_mma_gluon,
+    moe_fused,
+    moe_gemv_gluon,
+    quantizer,
+)
 
 TARGETS = (90, 100, 110, 120)
-_ALIGNED_INTS = {"N", "K", "stride_xm", "stride_om", "stride_wn", "stride_sn", "stride_hm", "numel"}
+_ALIGNED_INTS = {
+    "N",
+    "K",
+    "stride_xm",
+    "stride_om",
+    "stride_wn",
+    "stride_sn",
+    "stride_hm",
+    "stride_we",
+    "stride_se",
+    "numel",
+}
 # Token counts whose configs span every BLOCK_M a form can choose.
 _TOKENS = (1, 2, 4, 16, 64, 512, 2048)
 
@@ -72,6 +91,39 @@ _DOWN_SIG = {
     "stride_wn": "i32",
     "stride_sn": "i32",
 }
+_MOE_GEMV_COMMON = {
+    "stride_we": "i32",
+    "stride_wn": "i32",
+    "stride_se": "i32",
+    "stride_sn": "i32",
+}
+_MOE_GATE_UP_GEMV_SIG = {
+    "hidden_ptr": "*bf16",
+    "words_ptr": "*i32",
+    "scales_ptr": "*u8",
+    "global_scale_ptr": "*fp32",
+    "topk_ids_ptr": "*i64",
+    "h_ptr": "*bf16",
+    "N": "i32",
+    "K": "i32",
+    "TOP_K": "i32",
+    "stride_xm": "i32",
+    "stride_hm": "i32",
+} | _MOE_GEMV_COMMON
+_MOE_DOWN_GEMV_SIG = {
+    "h_ptr": "*bf16",
+    "words_ptr": "*i32",
+    "scales_ptr": "*u8",
+    "global_scale_ptr": "*fp32",
+    "topk_ids_ptr": "*i64",
+    "topk_weights_ptr": "*bf16",
+    "out_ptr": "*bf16",
+    "N": "i32",
+    "K": "i32",
+    "TOP_K": "i32",
+    "stride_hm": "i32",
+    "stride_om": "i32",
+} | _MOE_GEMV_COMMON
 _GROUP_SIG = {
     "topk_ids_ptr": "*i64",
     "expert_offsets_ptr": "*i32",
@@ -154,6 +206,18 @@ def builds() -> Iterator[Build]:
             consts = {"E_POW2": 128, "BLOCK_PAIRS": moe_fused.GROUP_PAIRS, "BLOCK_M": cfg["BLOCK_M"]}
             yield from unique(
                 Build("moe_group", moe_fused.moe_group_kernel, _with_constexprs(_GROUP_SIG, consts), consts, 4, 1)
+            )
+    for t in _TOKENS:
+        for cfg, even_k in product(moe_gemv_gluon.configs(t, 768, 2048), (True, False)):
+            warps = cfg["WARPS_N"] * cfg["WARPS_K"]
+            consts = {"X_FP16": False, "EVEN_K": even_k} | cfg
+            fn = moe_gemv_gluon.moe_gate_up_gemv_kernel
+            sig = _with_constexprs(_MOE_GATE_UP_GEMV_SIG, consts)
+            yield from unique(Build("moe_gate_up_gemv", fn, sig, consts, warps, 1))
+            consts = {"EVEN_K": even_k} | cfg
+            fn = moe_gemv_gluon.moe_down_gemv_kernel
+            yield from unique(
+                Build("moe_down_gemv", fn, _with_constexprs(_MOE_DOWN_GEMV_SIG, consts), consts, warps, 1)
             )
     consts = {"BLOCK_ROWS": 16, "BLOCK_GROUPS": 16}
     yield from unique(Build("quantize", quantizer.quantize_kernel, _with_constexprs(_QUANT_SIG, consts), consts, 4, 1))

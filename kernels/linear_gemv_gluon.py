@@ -116,6 +116,84 @@ def _load_step(words_ptr, scales_ptr, g0, groups_k, word_off, scale_off, row_mas
     return w, scale
 
 
+@gluon.constexpr_function
+def words_layout(rows, groups, warps_n, warps_k):
+    """A thread owns ``rows`` rows x ``groups`` scale groups (16 elements, two words) per step; a
+    warp spans 32 x ``groups`` groups of K; warps stack along N (``warps_n``) and split K
+    (``warps_k``, for layers too narrow to give every SM programs). Scales and activations are
+    slices of it, so every operand is loaded into the thread that uses it."""
+    return gl.BlockedLayout([rows, groups, 2], [1, 32, 1], [warps_n, warps_k, 1], [2, 1, 0])
+
+
+@gluon.constexpr_function
+def rows_layout(rows, groups, warps_n, warps_k):
+    """The layout of a block of row indices, and of ``rows_dot``'s result."""
+    return gl.SliceLayout(1, gl.SliceLayout(2, words_layout(rows, groups, warps_n, warps_k)))
+
+
+@gluon.jit
+def rows_dot(
+    x_row,
+    words_ptr,
+    scales_ptr,
+    rows,
+    n_rows,
+    K,
+    stride_wn,
+    stride_sn,
+    X_FP16: gl.constexpr,
+    EVEN_K: gl.constexpr,
+    ROWS: gl.constexpr,
+    GROUPS: gl.constexpr,
+    WARPS_N: gl.constexpr,
+    WARPS_K: gl.constexpr,
+    PREFETCH: gl.constexpr,
+):
+    """``sum_k x[k] * w[row, k] * 2**-14`` for each of ``rows`` (``rows_layout``; rows at or past
+    ``n_rows`` give 0): the GEMV of one activation row against NVFP4 rows, shared by the linear
+    and the expert-bank kernels. ``2**-14`` is the decoder's; callers fold it into their scale."""
+    WORDS: gl.constexpr = words_layout(ROWS, GROUPS, WARPS_N, WARPS_K)
+    TILE: gl.constexpr = gl.SliceLayout(2, WORDS)
+    ACTS: gl.constexpr = gl.SliceLayout(0, WORDS)
+    BLOCK_N: gl.constexpr = ROWS * WARPS_N
+    STEP_GROUPS: gl.constexpr = 32 * GROUPS * WARPS_K
+
+    row_mask = gl.expand_dims(rows < n_rows, 1)
+    rows = rows.to(gl.int64)
+    group = gl.arange(0, STEP_GROUPS, layout=gl.SliceLayout(0, TILE))
+    half = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, WORDS)))
+    word_off = gl.expand_dims(gl.expand_dims(rows * stride_wn, 1) + gl.expand_dims(group * 2, 0), 2)
+    word_off = word_off + gl.expand_dims(gl.expand_dims(half, 0), 1)
+    scale_off = gl.expand_dims(rows * stride_sn, 1) + gl.expand_dims(group, 0)
+
+    x_group = gl.arange(0, STEP_GROUPS, layout=gl.SliceLayout(1, ACTS))
+    x_half = gl.arange(0, 2, layout=gl.SliceLayout(0, ACTS))
+    pair_off = gl.expand_dims(x_group * 8, 1) + gl.expand_dims(x_half * 4, 0)  # int32 pairs of activations
+    x_pairs = x_row.to(gl.pointer_type(gl.int32), bitcast=True)
+
+    groups_k = K // 16
+    acc = gl.zeros([BLOCK_N, STEP_GROUPS, 2], gl.float32, layout=WORDS)
+    w, scale = _load_step(words_ptr, scales_ptr, 0, groups_k, word_off, scale_off, row_mask, group, EVEN_K)
+    for g0 in range(0, groups_k, STEP_GROUPS):
+        if PREFETCH:  # the next step's bytes are in flight while this one computes
+            w_next, scale_next = _load_step(
+                words_ptr, scales_ptr, g0 + STEP_GROUPS, groups_k, word_off, scale_off, row_mask, group, EVEN_K
+            )
+        else:
+            w_next, scale_next = w, scale
+            w, scale = _load_step(words_ptr, scales_ptr, g0, groups_k, word_off, scale_off, row_mask, group, EVEN_K)
+        x_mask = gl.expand_dims(g0 + x_group < groups_k, 1)
+        p = x_pairs + g0 * 8 + pair_off
+        x0, x1 = _pair_to_f32(gl.load(p, mask=x_mask, other=0), X_FP16)
+        x2, x3 = _pair_to_f32(gl.load(p + 1, mask=x_mask, other=0), X_FP16)
+        x4, x5 = _pair_to_f32(gl.load(p + 2, mask=x_mask, other=0), X_FP16)
+        x6, x7 = _pair_to_f32(gl.load(p + 3, mask=x_mask, other=0), X_FP16)
+        block_scale = gl.expand_dims(scale.to(gl.float8e4nv, bitcast=True).to(gl.float32), 2)
+        acc = gl.fma(_word_dot(w, x0, x1, x2, x3, x4, x5, x6, x7), block_scale, acc)
+        w, scale = w_next, scale_next
+    return gl.sum(gl.sum(acc, axis=2), axis=1)
+
+
 @gluon.jit
 def nvfp4_linear_gemv_gluon_kernel(
     # pointers
@@ -144,54 +222,29 @@ def nvfp4_linear_gemv_gluon_kernel(
     WARPS_K: gl.constexpr,
     PREFETCH: gl.constexpr,
 ):
-    # A thread owns ROWS rows x GROUPS scale groups (16 elements, two words) per step; a warp
-    # spans 32 x GROUPS groups of K; warps stack along N (WARPS_N) and split K (WARPS_K, for
-    # layers too narrow to give every SM programs). Scales and activations are slices of it.
-    WORDS: gl.constexpr = gl.BlockedLayout([ROWS, GROUPS, 2], [1, 32, 1], [WARPS_N, WARPS_K, 1], [2, 1, 0])
-    TILE: gl.constexpr = gl.SliceLayout(2, WORDS)
-    ACTS: gl.constexpr = gl.SliceLayout(0, WORDS)
     BLOCK_N: gl.constexpr = ROWS * WARPS_N
-    STEP_GROUPS: gl.constexpr = 32 * GROUPS * WARPS_K
-
     pid_n = gl.program_id(0)
     row = gl.program_id(1).to(gl.int64)  # one token a program: its weights come from L2 for the others
-    offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, TILE))
+    offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=rows_layout(ROWS, GROUPS, WARPS_N, WARPS_K))
+    result = rows_dot(
+        x_ptr + row * stride_xm,
+        words_ptr,
+        scales_ptr,
+        offs_n,
+        N,
+        K,
+        stride_wn,
+        stride_sn,
+        X_FP16,
+        EVEN_K,
+        ROWS,
+        GROUPS,
+        WARPS_N,
+        WARPS_K,
+        PREFETCH,
+    )
+    result = result * (gl.load(global_scale_ptr) * _DECODE_FACTOR)
     n_mask = offs_n < N
-    rows = offs_n.to(gl.int64)
-    group = gl.arange(0, STEP_GROUPS, layout=gl.SliceLayout(0, TILE))
-    half = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, WORDS)))
-    word_off = gl.expand_dims(gl.expand_dims(rows * stride_wn, 1) + gl.expand_dims(group * 2, 0), 2)
-    word_off = word_off + gl.expand_dims(gl.expand_dims(half, 0), 1)
-    scale_off = gl.expand_dims(rows * stride_sn, 1) + gl.expand_dims(group, 0)
-    row_mask = gl.expand_dims(n_mask, 1)
-
-    x_group = gl.arange(0, STEP_GROUPS, layout=gl.SliceLayout(1, ACTS))
-    x_half = gl.arange(0, 2, layout=gl.SliceLayout(0, ACTS))
-    pair_off = gl.expand_dims(x_group * 8, 1) + gl.expand_dims(x_half * 4, 0)  # int32 pairs of activations
-    x_pairs = (x_ptr + row * stride_xm).to(gl.pointer_type(gl.int32), bitcast=True)
-
-    groups_k = K // 16
-    acc = gl.zeros([BLOCK_N, STEP_GROUPS, 2], gl.float32, layout=WORDS)
-    w, scale = _load_step(words_ptr, scales_ptr, 0, groups_k, word_off, scale_off, row_mask, group, EVEN_K)
-    for g0 in range(0, groups_k, STEP_GROUPS):
-        if PREFETCH:  # the next step's bytes are in flight while this one computes
-            w_next, scale_next = _load_step(
-                words_ptr, scales_ptr, g0 + STEP_GROUPS, groups_k, word_off, scale_off, row_mask, group, EVEN_K
-            )
-        else:
-            w_next, scale_next = w, scale
-            w, scale = _load_step(words_ptr, scales_ptr, g0, groups_k, word_off, scale_off, row_mask, group, EVEN_K)
-        x_mask = gl.expand_dims(g0 + x_group < groups_k, 1)
-        p = x_pairs + g0 * 8 + pair_off
-        x0, x1 = _pair_to_f32(gl.load(p, mask=x_mask, other=0), X_FP16)
-        x2, x3 = _pair_to_f32(gl.load(p + 1, mask=x_mask, other=0), X_FP16)
-        x4, x5 = _pair_to_f32(gl.load(p + 2, mask=x_mask, other=0), X_FP16)
-        x6, x7 = _pair_to_f32(gl.load(p + 3, mask=x_mask, other=0), X_FP16)
-        block_scale = gl.expand_dims(scale.to(gl.float8e4nv, bitcast=True).to(gl.float32), 2)
-        acc = gl.fma(_word_dot(w, x0, x1, x2, x3, x4, x5, x6, x7), block_scale, acc)
-        w, scale = w_next, scale_next
-
-    result = gl.sum(gl.sum(acc, axis=2), axis=1) * (gl.load(global_scale_ptr) * _DECODE_FACTOR)
     if HAS_BIAS:
         result += gl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(gl.float32)
     gl.store(out_ptr + row * stride_om + offs_n, result.to(out_ptr.dtype.element_ty), mask=n_mask)

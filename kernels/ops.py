@@ -16,7 +16,7 @@ import functools
 
 import torch
 import torch.nn.functional as F
-from flashrt.kernels import linear_gemv, linear_gemv_gluon, linear_mma, linear_mma_gluon, moe_fused
+from flashrt.kernels import linear_gemv, linear_gemv_gluon, linear_mma, linear_mma_gluon, moe_fused, moe_gemv_gluon
 from flashrt.kernels.nvfp4 import BLOCK_SIZE, NVFP4Weight, check_weight, dequantize
 from flashrt.kernels.tuning import TUNER, Candidate, Outcome, bucket, candidate
 
@@ -27,6 +27,7 @@ LINEAR_FORMS = {
     "mma": linear_mma,
     "mma_gluon": linear_mma_gluon,
 }
+MOE_FORMS = {"fused": moe_fused, "gemv_gluon": moe_gemv_gluon}
 
 
 # -- references ----------------------------------------------------------------------------------
@@ -165,13 +166,12 @@ def choose_moe(hidden, gate_up, down, topk_ids, topk_weights) -> Candidate:
     e, two_n, _ = gate_up[0].shape
     key = f"moe:{hidden.dtype}:T{bucket(t)}:E{e}:N{two_n // 2}:K{k}:top{topk_ids.shape[1]}"
     device = hidden.device
-    cands = [candidate("fused", cfg) for cfg in moe_fused.configs(t, two_n // 2, k)]
+    cands = [candidate(form, cfg) for form, mod in MOE_FORMS.items() for cfg in mod.configs(t, two_n // 2, k)]
 
     def measure(c: Candidate) -> Outcome:
         out = torch.empty_like(hidden)
-        run = functools.partial(
-            moe_fused.launch, hidden, gate_up, down, topk_ids, topk_weights, out, c.params, _use_prmt(device)
-        )
+        launch = MOE_FORMS[c.form].launch
+        run = functools.partial(launch, hidden, gate_up, down, topk_ids, topk_weights, out, c.params, _use_prmt(device))
         try:
             run()
             ref = moe_reference(hidden, NVFP4Weight(*gate_up), NVFP4Weight(*down), topk_ids, topk_weights)
@@ -219,7 +219,8 @@ def _nvfp4_moe(
         return moe_reference(hidden, NVFP4Weight(*gate_up), NVFP4Weight(*down), topk_ids, topk_weights)
     c = choose_moe(hidden, gate_up, down, topk_ids, topk_weights)
     out = torch.empty_like(hidden)
-    return moe_fused.launch(hidden, gate_up, down, topk_ids, topk_weights, out, c.params, _use_prmt(hidden.device))
+    launch = MOE_FORMS[c.form].launch
+    return launch(hidden, gate_up, down, topk_ids, topk_weights, out, c.params, _use_prmt(hidden.device))
 
 
 @_nvfp4_moe.register_fake

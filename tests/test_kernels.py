@@ -7,7 +7,16 @@ tests run the compiled kernels, including the PTX decoder the interpreter cannot
 import pytest
 import torch
 import torch.nn.functional as F
-from flashrt.kernels import linear_gemv, linear_gemv_gluon, linear_mma, linear_mma_gluon, moe_fused, nvfp4, ops
+from flashrt.kernels import (
+    linear_gemv,
+    linear_gemv_gluon,
+    linear_mma,
+    linear_mma_gluon,
+    moe_fused,
+    moe_gemv_gluon,
+    nvfp4,
+    ops,
+)
 from flashrt.kernels.decode import use_prmt
 from flashrt.kernels.nvfp4 import NVFP4Weight
 from flashrt.kernels.quantizer import quantize_triton
@@ -199,6 +208,22 @@ def test_moe_kernel_matches_reference(t, weight_format, device):
     assert not out.isnan().any()
     rel = (out.double() - ref.double()).norm() / ref.double().norm()
     assert rel < 1e-2
+
+
+@pytest.mark.skipif(not ON_GPU, reason="Gluon has no interpreter; CI builds these kernels for every target")
+@pytest.mark.parametrize("t", [1, 3, 16])
+@pytest.mark.parametrize("config", moe_gemv_gluon.configs(1, 768, 2048)[::5])
+def test_moe_gemv_form_matches_reference(t, config, device):
+    e, n, k, top_k = 16, 48, 768, 4  # N = 48: ragged against every step of K (32 groups and up)
+    gu, dn = _bank(e, n, k, device)
+    hidden = torch.randn(t, k, dtype=torch.bfloat16, device=device)
+    ids, weights = _route(t, e, top_k, device)
+    out = torch.full_like(hidden, float("nan"))
+    gate_up = (gu.packed, gu.scales, gu.global_scale)
+    moe_gemv_gluon.launch(hidden, gate_up, (dn.packed, dn.scales, dn.global_scale), ids, weights, out, config, False)
+    ref = ops.moe_reference(hidden, gu, dn, ids, weights)
+    assert not out.isnan().any()
+    assert (out.double() - ref.double()).norm() / ref.double().norm() < 1e-2
 
 
 def test_moe_op_routes_to_few_experts_of_many(device):
