@@ -281,8 +281,11 @@ def configs(m: int, n: int, k: int) -> list[dict]:
     """Candidates for one shape: bf16 activations on a compiled GPU (Gluon has no interpreter).
 
     BLOCK_M the token tile (8 is one MMA wide; more tokens reuse each decoded fragment);
-    ROW_TILES 1-2 row tiles of 16 a warp; 4 or 8 warps; WORDS_PER_THREAD 2 or 4 (8- or 16-byte
-    loads); PREFETCH keeps the next step's words in flight during the decode (more registers).
+    ROW_TILES 1-2 row tiles of 16 a warp; 1-8 warps: a program is 16-256 rows, and small blocks
+    are what give a 4096-28672-row layer enough programs (H200, 28672 x 4096 at one token: 64-row
+    blocks left this form at 34 us, behind the GEMV's 29); WORDS_PER_THREAD 2 or 4 (8- or
+    16-byte loads). The next step's words are always in flight during the decode (it won every
+    shape on the H200 against loading at the top of the step).
     """
     from flashrt.kernels.decode import interpreted
 
@@ -290,10 +293,9 @@ def configs(m: int, n: int, k: int) -> list[dict]:
         return []
     block_ms = [bm for bm in (8, 16, 32, 64) if bm // 2 < max(m, 8)][-2:]
     return [
-        {"BLOCK_M": bm, "ROW_TILES": tiles, "WARPS": warps, "WORDS_PER_THREAD": v, "PREFETCH": prefetch}
+        {"BLOCK_M": bm, "ROW_TILES": tiles, "WARPS": warps, "WORDS_PER_THREAD": v, "PREFETCH": 1}
         for bm in block_ms
         for tiles in (1, 2)
-        for warps in (4, 8)
+        for warps in (1, 2, 4, 8)
         for v in (2, 4)
-        for prefetch in (0, 1)
     ]
