@@ -94,34 +94,49 @@ PARITY_ROWS = 2048
 
 
 def _time_us(fn, calls: int = 16, replays: int = 7) -> float:
-    """Device microseconds a call: ``calls`` calls captured in one CUDA graph, median of replays.
+    """Device microseconds a call from HBM: ``calls`` calls captured in one CUDA graph, each after
+    an L2 flush, minus a graph of the flushes alone; median of replays.
 
     Eager launches timed with events measure the host: a Triton launch costs 20-40 us of Python
     against 5-60 us of GPU work (H200: every form of a 28672 x 4096 GEMV timed 56-81 us eagerly
-    and 29-50 us in a graph), so an eager race picks the cheapest launcher, not the fastest
-    kernel. A graph replays the calls back to back, as vLLM runs a decode step. Not
-    ``triton.testing.do_bench``: it allocates a 256 MB cache-flush buffer per call, which lands
-    in the peak memory of an attach."""
+    and 29-50 us in a graph), so an eager race picks the cheapest launcher. Without the flush a
+    weight smaller than L2 is timed from L2, which no decode step sees: on the H200 that picked
+    a form for a 4096 x 14336 layer at 16 tokens that ran 87 us from HBM against another's 58.
+    Not ``triton.testing.do_bench``: it allocates a 256 MB flush buffer per call, which lands in
+    the peak memory of an attach; this one is 1.5x the L2, freed on return."""
     import statistics
 
+    device = torch.cuda.current_device()
+    flush_words = torch.cuda.get_device_properties(device).L2_cache_size * 3 // 8  # int32s: 1.5x the L2
+    scratch = torch.empty(flush_words, dtype=torch.int32, device=device)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         fn()  # compile and warm outside the capture
     torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
+
+    def capture(with_call: bool) -> torch.cuda.CUDAGraph:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                scratch.fill_(1)
+                if with_call:
+                    fn()
+        graph.replay()
+        return graph
+
+    graphs = capture(True), capture(False)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(replays):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
+        pair = []
+        for graph in graphs:
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            pair.append(start.elapsed_time(end) * 1e3)
+        times.append((pair[0] - pair[1]) / calls)
     return statistics.median(times)
 
 
