@@ -95,23 +95,31 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("FLASHRT_CACHE_DIR", Path.home() / ".cache" / "flashrt"))
 
 
+def _offered(candidates: list[Candidate]) -> str:
+    """A fingerprint of the candidate set a choice was made among."""
+    import hashlib
+
+    return hashlib.sha256("|".join(sorted(c.name for c in candidates)).encode()).hexdigest()[:16]
+
+
 class Tuner:
     """Measures candidates once per (device, op, shape bucket) and remembers the winner."""
 
     def __init__(self) -> None:
-        self._choices: dict[str, dict[str, Candidate]] = {}
+        self._choices: dict[str, dict[str, tuple[Candidate, str]]] = {}  # shape -> (winner, offered)
         self._notes: dict[str, tuple[str, ...]] = {}
         self._lock = threading.Lock()
 
-    def _device_table(self, device_key: str) -> dict[str, Candidate]:
+    def _device_table(self, device_key: str) -> dict[str, tuple[Candidate, str]]:
         if device_key not in self._choices:
-            table: dict[str, Candidate] = {}
+            table: dict[str, tuple[Candidate, str]] = {}
             path = _cache_dir() / f"tuning-{device_key}.json"
             if path.exists():
                 try:
                     raw = json.loads(path.read_text())
                     for key, c in raw.items():
-                        table[key] = Candidate(c["form"], tuple((k, v) for k, v in c["config"]), c.get("precision", 0))
+                        winner = Candidate(c["form"], tuple((k, v) for k, v in c["config"]), c.get("precision", 0))
+                        table[key] = (winner, c.get("offered", ""))
                 except (ValueError, KeyError, TypeError):
                     table = {}  # a damaged cache is re-measured, never trusted
             self._choices[device_key] = table
@@ -122,8 +130,8 @@ class Tuner:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             raw = {
-                k: {"form": c.form, "config": list(c.config), "precision": c.precision}
-                for k, c in self._choices[device_key].items()
+                k: {"form": c.form, "config": list(c.config), "precision": c.precision, "offered": offered}
+                for k, (c, offered) in self._choices[device_key].items()
             }
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps(raw, indent=1, sort_keys=True))
@@ -141,15 +149,19 @@ class Tuner:
     ) -> Candidate:
         with self._lock:
             table = self._device_table(device_key)
-            if shape_key in table:
-                return table[shape_key]
+            offered = _offered(candidates)
+            cached, cached_among = table.get(shape_key, (None, ""))
+            # A choice made among other candidates (an older flashrt, other configs) is re-made:
+            # the cache must not pin a form this build no longer offers or has since improved.
+            if cached is not None and cached_among == offered:
+                return cached
             if not may_measure:
                 return candidates[0]
             verdict = adjudicate([measure(c) for c in candidates])
             self._notes[shape_key] = verdict.notes
             if verdict.winner is None:
                 raise RuntimeError(f"no kernel candidate qualified for {shape_key}: " + "; ".join(verdict.notes))
-            table[shape_key] = verdict.winner
+            table[shape_key] = (verdict.winner, offered)
             self._persist(device_key)
             return verdict.winner
 

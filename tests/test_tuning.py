@@ -53,3 +53,21 @@ def test_choices_are_measured_once_and_cached_per_device(tmp_path, monkeypatch):
     assert fresh.choose("H200", "linear:M1", [B, A], measure, may_measure=True) == A
     assert len(measured) == 2
     assert fresh.choose("B200", "linear:M1", [B, A], measure, may_measure=False) == B, "no timing inside capture"
+
+
+def test_a_cached_choice_is_remade_when_the_candidates_change(tmp_path, monkeypatch):
+    """A newer flashrt offering other forms or configs must not inherit the old winner."""
+    monkeypatch.setenv("FLASHRT_CACHE_DIR", str(tmp_path))
+    times = {"gemv": 3.0, "mma": 5.0, "mma_gluon": 2.0}
+    measured = []
+
+    def measure(c):
+        measured.append(c)
+        return Outcome(c, times[c.form], 0.999)
+
+    assert Tuner().choose("H200", "linear:M1", [A, B], measure, may_measure=True) == A
+    newer = candidate("mma_gluon", {"WARPS": 1})
+    assert Tuner().choose("H200", "linear:M1", [A, B, newer], measure, may_measure=True) == newer
+    assert len(measured) == 5
+    assert Tuner().choose("H200", "linear:M1", [newer, A, B], measure, may_measure=True) == newer
+    assert len(measured) == 5, "the same offer, in any order, reuses the choice"
