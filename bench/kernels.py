@@ -237,6 +237,9 @@ def bench_moe(name: str, e: int, top_k: int, hidden: int, inter: int, tokens: li
             "M": t,
             "routed_experts": routed,
             "rel_err": err,
+            "form": ops.choose_moe(
+                x, (gu.packed, gu.scales, gu.global_scale), (dn.packed, dn.scales, dn.global_scale), ids0, w0
+            ).name,
             "ours_us": ours,
             "bf16_us": best_bf16,
         }
@@ -318,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="JSON path (default bench/results/<gpu>-kernels.json)")
     parser.add_argument("--quick", action="store_true", help="M in {1, 16, 64} only")
     parser.add_argument("--only", choices=["linear", "moe", "quantize"], action="append")
+    parser.add_argument("--moe-tokens", default=None, help="comma-separated T for the expert bank (the band sweep)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("flashrt bench kernels needs a CUDA GPU: this machine has none (torch.cuda.is_available() is False).")
@@ -325,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     parts = args.only or ["quantize", "linear", "moe"]
     tokens = [1, 16, 64] if args.quick else TOKENS
     moe_tokens = [1, 8, 16] if args.quick else MOE_TOKENS
+    if args.moe_tokens:
+        moe_tokens = [int(t) for t in args.moe_tokens.split(",")]
     result = provenance()
     bw = copy_bandwidth_tbps()
     result["copy_TBps"] = bw
