@@ -33,7 +33,10 @@ class SeatProfile:
     strict: bool = False  # nothing seated becomes an error instead of a report
     max_faults: int = 3  # a seam that raises this many times detaches itself
     retain_host_experts: bool = True  # keep bf16 experts for rows above the band (memory: +1x bank)
-    moe_band_t: int = 16  # token rows up to which the packed bank serves (design.md: 16 paid, 32 did not)
+    # Token rows up to which the packed bank serves. H200 (bench/results/h200-moe-band.json), the
+    # NVFP4 bank against the grouped bf16 bank (itself faster than vLLM's fused MoE): 1.18x/1.55x
+    # at 16 rows (Qwen3-30B-A3B / Qwen3.5-35B-A3B shapes), 1.01-1.06x at 24-32, behind from 48.
+    moe_band_t: int = 16
     head_slab_rows: int = HEAD_SLAB_ROWS
 
     def __post_init__(self) -> None:
@@ -103,7 +106,12 @@ ENV = (
     EnvVar("FLASHRT_STRICT", "strict", _bool, "Fail instead of reporting when nothing could be seated."),
     EnvVar("FLASHRT_MAX_FAULTS", "max_faults", _int, "Faults after which a seam detaches itself."),
     EnvVar("FLASHRT_RETAIN_HOST_EXPERTS", "retain_host_experts", _bool, "Keep bf16 experts for rows above the band."),
-    EnvVar("FLASHRT_MOE_BAND_T", "moe_band_t", _int, "Token rows up to which the packed expert bank serves."),
+    EnvVar(
+        "FLASHRT_MOE_BAND_T",
+        "moe_band_t",
+        _int,
+        "Token rows up to which the packed expert bank serves; 16 by default, where it stops paying on an H200.",
+    ),
     EnvVar("FLASHRT_HEAD_SLAB_ROWS", "head_slab_rows", _int, "Rows per LM-head slab."),
     EnvVar("FLASHRT_METRICS_PORT", None, _int, "Port of the runtime's own /metrics when vLLM's is not used."),
     EnvVar("FLASHRT_CACHE_DIR", None, str, "Where kernel choices per device and shape are kept (~/.cache/flashrt)."),
