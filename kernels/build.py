@@ -254,8 +254,25 @@ def compile_for(build: Build, arch: int):
     )
 
 
+_BUILDS: list[Build] = []  # what forked build workers index into
+
+
+def _build_one(job: tuple[int, int]) -> str | None:
+    """Compile build ``index`` for ``sm_<arch>``; the failure in one line, or None."""
+    index, arch = job
+    b = _BUILDS[index]
+    try:
+        if not compile_for(b, arch).asm["cubin"]:
+            raise RuntimeError("empty cubin")
+    except Exception as exc:
+        return f"sm_{arch} {b.name} {b.constexprs} warps={b.num_warps}: {type(exc).__name__}: {str(exc)[-400:]}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m flashrt.kernels.build [ARCH ...]``: build everything, print each failure."""
+    """``python -m flashrt.kernels.build [ARCH ...]``: build everything on every core (ptxas is
+    single-threaded), print each failure."""
+    import multiprocessing
     import os
     import sys
 
@@ -263,18 +280,15 @@ def main(argv: list[str] | None = None) -> int:
         print("unset TRITON_INTERPRET: the interpreter does not compile")
         return 2
     archs = [int(a) for a in (argv if argv is not None else sys.argv[1:])] or list(TARGETS)
+    _BUILDS[:] = list(builds())
     failures = 0
-    for arch in archs:
-        count = 0
-        for b in builds():
-            count += 1
-            try:
-                if not compile_for(b, arch).asm["cubin"]:
-                    raise RuntimeError("empty cubin")
-            except Exception as exc:
-                failures += 1
-                print(f"sm_{arch} {b.name} {b.constexprs} warps={b.num_warps}: {type(exc).__name__}: {str(exc)[-400:]}")
-        print(f"sm_{arch}: {count} builds")
+    with multiprocessing.get_context("fork").Pool(os.cpu_count() or 1) as pool:
+        for arch in archs:
+            errors = [e for e in pool.map(_build_one, [(i, arch) for i in range(len(_BUILDS))]) if e]
+            failures += len(errors)
+            for error in errors:
+                print(error)
+            print(f"sm_{arch}: {len(_BUILDS)} builds")
     return 1 if failures else 0
 
 

@@ -297,18 +297,17 @@ def configs(m: int, n: int, k: int) -> list[dict]:
     """Candidates for one shape: up to 4 tokens, on a compiled GPU (Gluon has no interpreter).
 
     ROWS 2-8 a thread: the activations a thread converts are shared by its rows (12 instructions
-    a word column), so fewer than 2 rows spend more on activations than on weights. GROUPS 1 or
-    2: 8- or 16-byte loads. Four warps, along N or splitting K: a 4096-row layer in blocks of 32
-    rows is 128 programs, fewer than the H200's 132 SMs (measured: the old GEMV won there).
-    The next step's words are always in flight (PREFETCH): it won every shape on the H200.
+    a word column), so fewer than 2 rows spend more on activations than on weights. Four warps,
+    along N or splitting K: a 4096-row layer in blocks of 32 rows is 128 programs, fewer than the
+    H200's 132 SMs. 8-byte loads (one scale group a thread a step) and the next step always in
+    flight: 16-byte loads and loading at the top of the step never won a shape on the H200.
     """
     from flashrt.kernels.decode import interpreted
 
     if m > 4 or interpreted() or k % 16:
         return []
     return [
-        {"ROWS": rows, "GROUPS": groups, "WARPS_N": 4 // warps_k, "WARPS_K": warps_k, "PREFETCH": 1}
+        {"ROWS": rows, "GROUPS": 1, "WARPS_N": 4 // warps_k, "WARPS_K": warps_k, "PREFETCH": 1}
         for rows in (2, 4, 8)
-        for groups in (1, 2)
         for warps_k in (1, 2, 4)
     ]

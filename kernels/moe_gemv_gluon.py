@@ -321,16 +321,17 @@ def launch(
 
 def configs(t: int, n: int, k: int) -> list[dict]:
     """Candidates up to 16 tokens (128 pairs at top-8), on a compiled GPU (Gluon has no
-    interpreter). Four rows a thread or fewer (gate_up doubles them: gate and up rows): one
-    token's 8 experts x 768 rows is 6144 rows, so larger blocks would leave SMs idle; warps split
-    K (2048 or 768 along a row) 1-4 ways. Both kernels always keep the next step in flight."""
+    interpreter). Two or four rows a thread (gate_up doubles them: gate and up rows): one token's
+    8 experts x 768 rows is 6144 rows, so larger blocks would leave SMs idle; warps split K (2048
+    or 768 along a row) 1-4 ways. One row a thread and 16-byte loads never won on the H200
+    (bench/results/h200-kernels.json, h200-moe-band.json). Both kernels keep the next step in
+    flight."""
     from flashrt.kernels.decode import interpreted
 
     if t > 16 or interpreted() or k % 16 or n % 16:
         return []
     return [
-        {"ROWS": rows, "GROUPS": groups, "WARPS_N": 4 // warps_k, "WARPS_K": warps_k}
-        for rows in (1, 2, 4)
-        for groups in (1, 2)
+        {"ROWS": rows, "GROUPS": 1, "WARPS_N": 4 // warps_k, "WARPS_K": warps_k}
+        for rows in (2, 4)
         for warps_k in (1, 2, 4)
     ]

@@ -212,7 +212,7 @@ def test_moe_kernel_matches_reference(t, weight_format, device):
 
 @pytest.mark.skipif(not ON_GPU, reason="Gluon has no interpreter; CI builds these kernels for every target")
 @pytest.mark.parametrize("t", [1, 3, 16])
-@pytest.mark.parametrize("config", moe_gemv_gluon.configs(1, 768, 2048)[::5])
+@pytest.mark.parametrize("config", moe_gemv_gluon.configs(1, 768, 2048)[::2])
 def test_moe_gemv_form_matches_reference(t, config, device):
     e, n, k, top_k = 16, 48, 768, 4  # N = 48: ragged against every step of K (32 groups and up)
     gu, dn = _bank(e, n, k, device)
