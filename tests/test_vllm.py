@@ -95,10 +95,11 @@ def test_strict_engine_with_nothing_seatable_refuses_to_start_with_the_reasons(l
 
 def test_tensor_parallel_ranks_each_hold_seats_and_agree_with_one_rank(llama_dir, tmp_path):
     """A seat that replaced RowParallelLinear instead of its quant_method would skip the
-    all-reduce and give different tokens at TP=2."""
+    all-reduce and give different tokens at TP=2. The workers are started with the spawn method,
+    said explicitly: seats must come up in processes that inherited nothing."""
     _, one = run_engine(llama_dir, tmp_path / "tp1", SEATED, lengths=(12,))
-    done, two = run_engine(llama_dir, tmp_path / "tp2", SEATED | {"TEST_TP": "2", "VLLM_CPU_OMP_THREADS_BIND": "0|1"},
-                           lengths=(12,))  # fmt: skip
+    tp2 = {"TEST_TP": "2", "VLLM_CPU_OMP_THREADS_BIND": "0|1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+    done, two = run_engine(llama_dir, tmp_path / "tp2", SEATED | tp2, lengths=(12,))
     assert two, done.stderr[-3000:]
     after = two["samples"]["12"]["after"]
     assert _value(after, "flashrt_seats", kind="dense", state="seated") == 2 * _value(
