@@ -98,3 +98,21 @@ def test_served_tensor_parallel_ranks_hold_seats_and_agree_with_one_rank(llama_s
     seated = _value(after, "flashrt_seats", kind="dense", state="seated")
     assert seated == 2 * _value(one, "flashrt_seats", kind="dense", state="seated"), "both ranks hold seats"
     assert texts == seated_tp1["texts"]
+
+
+def test_served_moe_engine_seats_the_expert_banks_and_counts_their_calls(tmp_path):
+    from flashrt.serve_demo import _model
+
+    _model(tmp_path / "model")  # the demo's Qwen3-MoE-style model, 2 layers of 8 experts
+    with Served(tmp_path / "model", SEATED, tmp_path / "serve") as server:
+        assert server.exited is None, server.log()[-3000:]
+        before = server.metrics()
+        answer = server.complete(PROMPTS[0], 12)
+        after = server.metrics()
+    assert answer["usage"]["completion_tokens"] == 12
+    assert _value(after, "flashrt_seats", kind="experts", state="seated") == 2
+    calls = _value(after, "flashrt_seat_calls_total", kind="experts") - _value(
+        before, "flashrt_seat_calls_total", kind="experts"
+    )
+    assert calls >= 2 * 11, "each decode step goes through both packed banks"
+    assert not any(k.startswith("flashrt_seat_fallbacks_total") and v for k, v in after.items())
