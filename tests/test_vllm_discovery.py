@@ -6,6 +6,10 @@ linear layer and the expert bank's ``w13_weight``/``w2_weight`` and ``quant_meth
 directly at ``mlp.experts``. Discovery must find all of them by structure alone.
 """
 
+import os
+import subprocess
+import sys
+
 import torch
 from flashrt.runtime.profile import SeatProfile
 from flashrt.runtime.vllm_seats import discover_vllm
@@ -85,3 +89,21 @@ def test_a_cpu_layer_whose_weight_vllm_emptied_is_found_through_the_kept_copy():
     assert "model.layers.0.self_attn.o_proj" in names
     del proj._flashrt_weight
     assert "model.layers.0.self_attn.o_proj" not in {s.name for s in discover_vllm(model, SeatProfile(min_params=0))}
+
+
+def test_the_plugin_wraps_the_cpu_and_both_gpu_model_runners():
+    """Seats go in from ``load_model`` of whichever runner loads the model: the CPU runner the
+    engine tests run, and the GPU V1 and V2 runners (importable here, not runnable)."""
+    code = """
+import importlib
+from flashrt.runtime import vllm_plugin
+vllm_plugin.register()
+for module_name, class_name in vllm_plugin.RUNNERS:
+    load_model = getattr(importlib.import_module(module_name), class_name).load_model
+    assert getattr(load_model, "_flashrt", False) and load_model.__wrapped__, (module_name, class_name)
+    print("wrapped", module_name)
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLASHRT_")} | {"FLASHRT_ENABLE": "1"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("wrapped") == 3
