@@ -76,14 +76,29 @@ def test_enabled_engine_seats_the_model_and_counts_calls_with_the_tokens(llama_d
     assert calls["12"] > calls["4"] > 0, calls  # more tokens, more seam calls
     assert not any(k.startswith("flashrt_seat_fallbacks_total") and v for k, v in after.items())
     assert len(result["tokens"]["12"]) == 12
+    assert result["compile_cache_disabled"] == "1", "a cached compiled graph would bypass the seats"
 
 
 def test_not_enabled_engine_is_the_engine_without_the_package(llama_dir, tmp_path):
+    """Installed but not enabled, against vLLM's allowlist leaving the plugin out (enabled or
+    not: the allowlist wins): the same tokens, no seat."""
     done_off, off = run_engine(llama_dir, tmp_path / "off", {}, lengths=(12,))
-    done_none, none = run_engine(llama_dir, tmp_path / "none", {"VLLM_PLUGINS": ""}, lengths=(12,))
+    excluded = {"VLLM_PLUGINS": "", "FLASHRT_ENABLE": "1"}
+    done_none, none = run_engine(llama_dir, tmp_path / "none", excluded, lengths=(12,))
     assert off and none, (done_off.stderr[-2000:], done_none.stderr[-2000:])
     assert off["tokens"] == none["tokens"]
-    assert not any(k.startswith("flashrt_seats") and v for k, v in off["samples"]["12"]["after"].items())
+    for result in (off, none):
+        assert not any(k.startswith("flashrt_seats") and v for k, v in result["samples"]["12"]["after"].items())
+    assert off["compile_cache_disabled"] is None, "not enabled: not even the environment changes"
+
+
+def test_engine_with_nothing_seatable_starts_unmodified_and_says_why(llama_dir, tmp_path):
+    done, result = run_engine(llama_dir, tmp_path, SEATED | {"FLASHRT_PARITY_FLOOR": "1.0"}, lengths=(4,))
+    assert result, done.stderr[-3000:]
+    assert len(result["tokens"]["4"]) == 4
+    assert _value(result["samples"]["4"]["after"], "flashrt_no_seats") == 1
+    logs = done.stdout + done.stderr
+    assert "activation on, but nothing was seated" in logs and "parity" in logs
 
 
 def test_strict_engine_with_nothing_seatable_refuses_to_start_with_the_reasons(llama_dir, tmp_path):

@@ -36,6 +36,7 @@ def main() -> None:
         )
         result["tokens"][n] = list(out[0].outputs[0].token_ids)
         result["samples"][n] = {"before": before, "after": samples()}
+    result["compile_cache_disabled"] = os.environ.get("VLLM_DISABLE_COMPILE_CACHE")
     files = os.listdir(multiproc)
     result["pids"] = sorted({f.rsplit("_", 1)[-1].removesuffix(".db") for f in files if f.startswith("counter_")})
     print("RESULT " + json.dumps(result), flush=True)
