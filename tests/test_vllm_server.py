@@ -90,10 +90,12 @@ def test_served_seam_that_raises_falls_back_and_every_request_completes(llama_se
 
 
 def test_served_tensor_parallel_ranks_hold_seats_and_agree_with_one_rank(llama_served_dir, seated_tp1, tmp_path):
-    env = SEATED | {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+    """Workers started by fork here (what the injector sets), by spawn in ``test_vllm.py``."""
+    env = SEATED | {"VLLM_CPU_OMP_THREADS_BIND": "0|1", "VLLM_WORKER_MULTIPROC_METHOD": "fork"}
     with Served(llama_served_dir, env, tmp_path, tensor_parallel=2) as server:
         assert server.exited is None, server.log()[-3000:]
         texts, after = _texts(server), server.metrics()
+        assert "Overriding VLLM_WORKER_MULTIPROC_METHOD" not in server.log(), "fork must not have been overridden"
     one = seated_tp1["samples"][12][1]
     seated = _value(after, "flashrt_seats", kind="dense", state="seated")
     assert seated == 2 * _value(one, "flashrt_seats", kind="dense", state="seated"), "both ranks hold seats"
