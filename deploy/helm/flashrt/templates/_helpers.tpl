@@ -11,8 +11,12 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 app.kubernetes.io/name: flashrt
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
-{{- define "flashrt.image" -}}{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}{{- end -}}
-{{- define "flashrt.runtimeImage" -}}{{ .Values.runtimeImage.repository }}:{{ .Values.runtimeImage.tag | default .Chart.AppVersion }}{{- end -}}
+{{- define "flashrt.image" -}}
+{{- if .Values.image.digest }}{{ .Values.image.repository }}@{{ .Values.image.digest }}{{ else }}{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}{{ end }}
+{{- end -}}
+{{- define "flashrt.runtimeImage" -}}
+{{- if .Values.runtimeImage.digest }}{{ .Values.runtimeImage.repository }}@{{ .Values.runtimeImage.digest }}{{ else }}{{ .Values.runtimeImage.repository }}:{{ .Values.runtimeImage.tag | default .Chart.AppVersion }}{{ end }}
+{{- end -}}
 {{- define "flashrt.webhookService" -}}{{ include "flashrt.fullname" . }}-webhook{{- end -}}
 {{- define "flashrt.tlsSecret" -}}{{ include "flashrt.fullname" . }}-webhook-tls{{- end -}}
 {{- define "flashrt.restricted" -}}
