@@ -17,6 +17,7 @@ from flashrt.kernels import (
     linear_gemv_gluon,
     linear_mma,
     linear_mma_gluon,
+    linear_w4a4,
     moe_fused,
     moe_gemv_gluon,
     quantizer,
@@ -24,6 +25,8 @@ from flashrt.kernels import (
 
 TARGETS = (90, 100, 110, 120)
 _ALIGNED_INTS = {
+    "stride_xsm",
+    "stride_wsn",
     "N",
     "K",
     "stride_xm",
@@ -56,6 +59,24 @@ _LINEAR_SIG = {
 # The Gluon forms read the weight as int32 words.
 _GEMV_GLUON_SIG = {name if name != "packed_ptr" else "words_ptr": kind for name, kind in _LINEAR_SIG.items()}
 _GEMV_GLUON_SIG["words_ptr"] = "*i32"
+_W4A4_SIG = {
+    "xq_ptr": "*u8",
+    "xs_ptr": "*u8",
+    "xg_ptr": "*fp32",
+    "wq_ptr": "*u8",
+    "ws_ptr": "*u8",
+    "wg_ptr": "*fp32",
+    "bias_ptr": "*bf16",
+    "out_ptr": "*bf16",
+    "M": "i32",
+    "N": "i32",
+    "K": "i32",
+    "stride_xm": "i32",
+    "stride_xsm": "i32",
+    "stride_wn": "i32",
+    "stride_wsn": "i32",
+    "stride_om": "i32",
+}
 _GATE_UP_SIG = {
     "x_ptr": "*bf16",
     "packed_ptr": "*u8",
@@ -207,6 +228,11 @@ def builds() -> Iterator[Build]:
             yield from unique(
                 Build("moe_group", moe_fused.moe_group_kernel, _with_constexprs(_GROUP_SIG, consts), consts, 4, 1)
             )
+    for cfg, even_k in product(linear_w4a4.configs(1, 4096, 4096), (True, False)):
+        consts = {"HAS_BIAS": False, "EVEN_K": even_k} | {k: cfg[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")}
+        fn = linear_w4a4.nvfp4_linear_w4a4_kernel
+        sig = _with_constexprs(_W4A4_SIG, consts)
+        yield from unique(Build("linear_w4a4", fn, sig, consts, cfg["num_warps"], cfg["num_stages"]))
     for t in _TOKENS:
         for cfg, even_k in product(moe_gemv_gluon.configs(t, 768, 2048), (True, False)):
             warps = cfg["WARPS_N"] * cfg["WARPS_K"]

@@ -16,7 +16,15 @@ import functools
 
 import torch
 import torch.nn.functional as F
-from flashrt.kernels import linear_gemv, linear_gemv_gluon, linear_mma, linear_mma_gluon, moe_fused, moe_gemv_gluon
+from flashrt.kernels import (
+    linear_gemv,
+    linear_gemv_gluon,
+    linear_mma,
+    linear_mma_gluon,
+    linear_w4a4,
+    moe_fused,
+    moe_gemv_gluon,
+)
 from flashrt.kernels.nvfp4 import BLOCK_SIZE, NVFP4Weight, check_weight, dequantize
 from flashrt.kernels.tuning import TUNER, Candidate, Outcome, bucket, candidate
 
@@ -26,6 +34,7 @@ LINEAR_FORMS = {
     "gemv_gluon": linear_gemv_gluon,
     "mma": linear_mma,
     "mma_gluon": linear_mma_gluon,
+    "w4a4": linear_w4a4,
 }
 MOE_FORMS = {"fused": moe_fused, "gemv_gluon": moe_gemv_gluon}
 
@@ -150,8 +159,15 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(F.cosine_similarity(a.float().flatten(), b.float().flatten(), dim=0))
 
 
-def linear_candidates(m: int, n: int, k: int) -> list[Candidate]:
-    return [candidate(form, cfg) for form, mod in LINEAR_FORMS.items() for cfg in mod.configs(m, n, k)]
+def linear_candidates(m: int, n: int, k: int, capability: tuple[int, int] | None = None) -> list[Candidate]:
+    """Every form's configs for the shape; the FP4 x FP4 form only where its tensor cores are."""
+    out = []
+    for form, mod in LINEAR_FORMS.items():
+        if form == "w4a4" and not linear_w4a4.qualifies(capability):
+            continue
+        precision = getattr(mod, "PRECISION", 0)
+        out += [candidate(form, cfg, precision) for cfg in mod.configs(m, n, k)]
+    return out
 
 
 def choose_linear(x: torch.Tensor, packed, scales, global_scale, bias) -> Candidate:
@@ -173,7 +189,8 @@ def choose_linear(x: torch.Tensor, packed, scales, global_scale, bias) -> Candid
         except Exception as exc:  # a config that does not build here is refused, not fatal
             return Outcome(c, refused=_reason(exc))
 
-    return TUNER.choose(_device_key(device.index or 0), key, linear_candidates(m, n, k), measure, _may_measure(device))
+    cands = linear_candidates(m, n, k, _capability(device))
+    return TUNER.choose(_device_key(device.index or 0), key, cands, measure, _may_measure(device))
 
 
 def choose_moe(hidden, gate_up, down, topk_ids, topk_weights) -> Candidate:

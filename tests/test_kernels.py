@@ -12,6 +12,7 @@ from flashrt.kernels import (
     linear_gemv_gluon,
     linear_mma,
     linear_mma_gluon,
+    linear_w4a4,
     moe_fused,
     moe_gemv_gluon,
     nvfp4,
@@ -153,6 +154,40 @@ def test_gluon_mma_bit_placement_decodes_every_e2m1_code():
     assert torch.equal(linear_mma_gluon.bf16_bits(words).to(torch.float64), expected)
     assert torch.finfo(torch.bfloat16).max > linear_mma_gluon.SCALE_FACTOR * 448
     assert linear_mma_gluon.SCALE_FACTOR * linear_mma_gluon.EPILOGUE_FACTOR == 2.0**126
+
+
+def test_w4a4_reference_costs_little_against_bf16_and_w4a16():
+    """The accuracy cost of also quantizing the activations (per token, NVFP4), on Gaussian data."""
+    w = torch.randn(512, 2048, dtype=torch.bfloat16)
+    x = torch.randn(7, 2048, dtype=torch.bfloat16)
+    q = nvfp4.quantize_reference(w)
+    w4a4 = linear_w4a4.w4a4_reference(x, q).float().flatten()
+    w4a16 = ops.linear_reference(x, q).float().flatten()
+    bf16 = F.linear(x.float(), w.float()).flatten()
+    assert F.cosine_similarity(w4a4, w4a16, dim=0) >= 0.99
+    assert F.cosine_similarity(w4a4, bf16, dim=0) >= 0.98
+
+
+def test_w4a4_form_is_offered_only_on_fp4_tensor_cores(monkeypatch):
+    monkeypatch.setattr("flashrt.kernels.decode.interpreted", lambda: False)
+    forms = {major: {c.form for c in ops.linear_candidates(16, 4096, 4096, (major, 0))} for major in (9, 10, 11, 12)}
+    assert "w4a4" not in forms[9] and all("w4a4" in forms[major] for major in (10, 11, 12))
+    w4a4 = next(c for c in ops.linear_candidates(16, 4096, 4096, (10, 0)) if c.form == "w4a4")
+    assert w4a4.precision < min(c.precision for c in ops.linear_candidates(16, 4096, 4096, (9, 0)))
+
+
+@pytest.mark.skipif(
+    not ON_GPU, reason="the interpreter reads dot_scaled scales as e8m0: GPU only (sm_90 decomposes it)"
+)
+@pytest.mark.parametrize("m", [1, 16, 130])
+def test_w4a4_kernel_matches_its_reference(m, device):
+    q = nvfp4.quantize(torch.randn(1000, 2048, dtype=torch.bfloat16, device=device))
+    x = torch.randn(m, 2048, dtype=torch.bfloat16, device=device)
+    out = torch.full((m, 1000), float("nan"), dtype=torch.bfloat16, device=device)
+    linear_w4a4.launch(x, q.packed, q.scales, q.global_scale, None, out, linear_w4a4.configs(m, 1000, 2048)[0], False)
+    ref = linear_w4a4.w4a4_reference(x, q)
+    assert not out.isnan().any()
+    assert ((out.double() - ref.double()).norm() / ref.double().norm()) < 1e-2
 
 
 @pytest.mark.parametrize("m", [1, 5, 64])
