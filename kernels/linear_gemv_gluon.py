@@ -107,7 +107,51 @@ def _pair_to_f32(pair, X_FP16: gl.constexpr):
 
 
 @gluon.jit
-def _load_step(words_ptr, scales_ptr, g0, groups_k, word_off, scale_off, row_mask, group, EVEN_K: gl.constexpr):
+def step_offsets(
+    rows,
+    n_rows,
+    stride_wn,
+    stride_sn,
+    ROWS: gl.constexpr,
+    GROUPS: gl.constexpr,
+    WARPS_N: gl.constexpr,
+    WARPS_K: gl.constexpr,
+):
+    """Per-step offsets in ``words_layout``: (row mask, group index, word offsets, scale offsets,
+    activation group index, activation pair offsets)."""
+    WORDS: gl.constexpr = words_layout(ROWS, GROUPS, WARPS_N, WARPS_K)
+    TILE: gl.constexpr = gl.SliceLayout(2, WORDS)
+    ACTS: gl.constexpr = gl.SliceLayout(0, WORDS)
+    STEP_GROUPS: gl.constexpr = 32 * GROUPS * WARPS_K
+    row_mask = gl.expand_dims(rows < n_rows, 1)
+    rows = rows.to(gl.int64)
+    group = gl.arange(0, STEP_GROUPS, layout=gl.SliceLayout(0, TILE))
+    half = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, WORDS)))
+    word_off = gl.expand_dims(gl.expand_dims(rows * stride_wn, 1) + gl.expand_dims(group * 2, 0), 2)
+    word_off = word_off + gl.expand_dims(gl.expand_dims(half, 0), 1)
+    scale_off = gl.expand_dims(rows * stride_sn, 1) + gl.expand_dims(group, 0)
+    x_group = gl.arange(0, STEP_GROUPS, layout=gl.SliceLayout(1, ACTS))
+    x_half = gl.arange(0, 2, layout=gl.SliceLayout(0, ACTS))
+    pair_off = gl.expand_dims(x_group * 8, 1) + gl.expand_dims(x_half * 4, 0)  # int32 pairs of activations
+    return row_mask, group, word_off, scale_off, x_group, pair_off
+
+
+@gluon.jit
+def accumulate(acc, w, scale, factor, x_pairs, g0, groups_k, x_group, pair_off, X_FP16: gl.constexpr):
+    """``acc += factor * scale * (words . activations)`` for one step: each word's 8 products
+    summed in the PTX, the block scale (times ``factor``) applied once a word."""
+    x_mask = gl.expand_dims(g0 + x_group < groups_k, 1)
+    p = x_pairs + g0 * 8 + pair_off
+    x0, x1 = _pair_to_f32(gl.load(p, mask=x_mask, other=0), X_FP16)
+    x2, x3 = _pair_to_f32(gl.load(p + 1, mask=x_mask, other=0), X_FP16)
+    x4, x5 = _pair_to_f32(gl.load(p + 2, mask=x_mask, other=0), X_FP16)
+    x6, x7 = _pair_to_f32(gl.load(p + 3, mask=x_mask, other=0), X_FP16)
+    block_scale = gl.expand_dims(scale.to(gl.float8e4nv, bitcast=True).to(gl.float32) * factor, 2)
+    return gl.fma(_word_dot(w, x0, x1, x2, x3, x4, x5, x6, x7), block_scale, acc)
+
+
+@gluon.jit
+def load_step(words_ptr, scales_ptr, g0, groups_k, word_off, scale_off, row_mask, group, EVEN_K: gl.constexpr):
     """The weight words and scale bytes of one step; all-masked past the end of K."""
     # A mask that varies along K would split the 16-byte weight loads: only when K is ragged.
     mask = row_mask & (g0 < groups_k) if EVEN_K else row_mask & gl.expand_dims(g0 + group < groups_k, 0)
@@ -153,43 +197,23 @@ def rows_dot(
     ``n_rows`` give 0): the GEMV of one activation row against NVFP4 rows, shared by the linear
     and the expert-bank kernels. ``2**-14`` is the decoder's; callers fold it into their scale."""
     WORDS: gl.constexpr = words_layout(ROWS, GROUPS, WARPS_N, WARPS_K)
-    TILE: gl.constexpr = gl.SliceLayout(2, WORDS)
-    ACTS: gl.constexpr = gl.SliceLayout(0, WORDS)
-    BLOCK_N: gl.constexpr = ROWS * WARPS_N
     STEP_GROUPS: gl.constexpr = 32 * GROUPS * WARPS_K
-
-    row_mask = gl.expand_dims(rows < n_rows, 1)
-    rows = rows.to(gl.int64)
-    group = gl.arange(0, STEP_GROUPS, layout=gl.SliceLayout(0, TILE))
-    half = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, WORDS)))
-    word_off = gl.expand_dims(gl.expand_dims(rows * stride_wn, 1) + gl.expand_dims(group * 2, 0), 2)
-    word_off = word_off + gl.expand_dims(gl.expand_dims(half, 0), 1)
-    scale_off = gl.expand_dims(rows * stride_sn, 1) + gl.expand_dims(group, 0)
-
-    x_group = gl.arange(0, STEP_GROUPS, layout=gl.SliceLayout(1, ACTS))
-    x_half = gl.arange(0, 2, layout=gl.SliceLayout(0, ACTS))
-    pair_off = gl.expand_dims(x_group * 8, 1) + gl.expand_dims(x_half * 4, 0)  # int32 pairs of activations
+    row_mask, group, word_off, scale_off, x_group, pair_off = step_offsets(
+        rows, n_rows, stride_wn, stride_sn, ROWS, GROUPS, WARPS_N, WARPS_K
+    )
     x_pairs = x_row.to(gl.pointer_type(gl.int32), bitcast=True)
-
     groups_k = K // 16
-    acc = gl.zeros([BLOCK_N, STEP_GROUPS, 2], gl.float32, layout=WORDS)
-    w, scale = _load_step(words_ptr, scales_ptr, 0, groups_k, word_off, scale_off, row_mask, group, EVEN_K)
+    acc = gl.zeros([ROWS * WARPS_N, STEP_GROUPS, 2], gl.float32, layout=WORDS)
+    w, scale = load_step(words_ptr, scales_ptr, 0, groups_k, word_off, scale_off, row_mask, group, EVEN_K)
     for g0 in range(0, groups_k, STEP_GROUPS):
         if PREFETCH:  # the next step's bytes are in flight while this one computes
-            w_next, scale_next = _load_step(
+            w_next, scale_next = load_step(
                 words_ptr, scales_ptr, g0 + STEP_GROUPS, groups_k, word_off, scale_off, row_mask, group, EVEN_K
             )
         else:
             w_next, scale_next = w, scale
-            w, scale = _load_step(words_ptr, scales_ptr, g0, groups_k, word_off, scale_off, row_mask, group, EVEN_K)
-        x_mask = gl.expand_dims(g0 + x_group < groups_k, 1)
-        p = x_pairs + g0 * 8 + pair_off
-        x0, x1 = _pair_to_f32(gl.load(p, mask=x_mask, other=0), X_FP16)
-        x2, x3 = _pair_to_f32(gl.load(p + 1, mask=x_mask, other=0), X_FP16)
-        x4, x5 = _pair_to_f32(gl.load(p + 2, mask=x_mask, other=0), X_FP16)
-        x6, x7 = _pair_to_f32(gl.load(p + 3, mask=x_mask, other=0), X_FP16)
-        block_scale = gl.expand_dims(scale.to(gl.float8e4nv, bitcast=True).to(gl.float32), 2)
-        acc = gl.fma(_word_dot(w, x0, x1, x2, x3, x4, x5, x6, x7), block_scale, acc)
+            w, scale = load_step(words_ptr, scales_ptr, g0, groups_k, word_off, scale_off, row_mask, group, EVEN_K)
+        acc = accumulate(acc, w, scale, 1.0, x_pairs, g0, groups_k, x_group, pair_off, X_FP16)
         w, scale = w_next, scale_next
     return gl.sum(gl.sum(acc, axis=2), axis=1)
 

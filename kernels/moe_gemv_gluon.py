@@ -20,11 +20,11 @@ import torch
 import triton
 from flashrt.kernels.linear_gemv_gluon import (
     DECODE_FACTOR,
-    _load_step,
-    _pair_to_f32,
-    _word_dot,
+    accumulate,
+    load_step,
     rows_dot,
     rows_layout,
+    step_offsets,
     words_layout,
 )
 from triton.experimental import gluon
@@ -128,27 +128,17 @@ def _routed_rows_dot(
     (H200: 26 us for one token's 8 experts against 5 us of bytes). Each slot's factor rides on
     its block scales."""
     WORDS: gl.constexpr = words_layout(ROWS, GROUPS, WARPS_N, WARPS_K)
-    TILE: gl.constexpr = gl.SliceLayout(2, WORDS)
-    ACTS: gl.constexpr = gl.SliceLayout(0, WORDS)
     BLOCK_N: gl.constexpr = ROWS * WARPS_N
     STEP_GROUPS: gl.constexpr = 32 * GROUPS * WARPS_K
-
-    row_mask = gl.expand_dims(rows < n_rows, 1)
-    rows = rows.to(gl.int64)
-    group = gl.arange(0, STEP_GROUPS, layout=gl.SliceLayout(0, TILE))
-    half = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, WORDS)))
-    word_off = gl.expand_dims(gl.expand_dims(rows * stride_wn, 1) + gl.expand_dims(group * 2, 0), 2)
-    word_off = word_off + gl.expand_dims(gl.expand_dims(half, 0), 1)
-    scale_off = gl.expand_dims(rows * stride_sn, 1) + gl.expand_dims(group, 0)
-    x_group = gl.arange(0, STEP_GROUPS, layout=gl.SliceLayout(1, ACTS))
-    x_half = gl.arange(0, 2, layout=gl.SliceLayout(0, ACTS))
-    pair_off = gl.expand_dims(x_group * 8, 1) + gl.expand_dims(x_half * 4, 0)
+    row_mask, group, word_off, scale_off, x_group, pair_off = step_offsets(
+        rows, n_rows, stride_wn, stride_sn, ROWS, GROUPS, WARPS_N, WARPS_K
+    )
 
     groups_k = K // 16
     steps = gl.cdiv(groups_k, STEP_GROUPS)
     first = token * TOP_K
     expert = gl.load(topk_ids_ptr + first).to(gl.int64)
-    w, scale = _load_step(
+    w, scale = load_step(
         words_ptr + expert * stride_we,
         scales_ptr + expert * stride_se,
         0,
@@ -165,7 +155,7 @@ def _routed_rows_dot(
         g0 = (i % steps) * STEP_GROUPS
         following = gl.minimum(i + 1, TOP_K * steps - 1)  # the last step re-reads itself
         expert_next = gl.load(topk_ids_ptr + first + following // steps).to(gl.int64)
-        w_next, scale_next = _load_step(
+        w_next, scale_next = load_step(
             words_ptr + expert_next * stride_we,
             scales_ptr + expert_next * stride_se,
             (following % steps) * STEP_GROUPS,
@@ -179,14 +169,7 @@ def _routed_rows_dot(
         expert = gl.load(topk_ids_ptr + pair).to(gl.int64)
         factor = gl.load(global_scale_ptr + expert) * gl.load(topk_weights_ptr + pair).to(gl.float32)
         x_pairs = (h_ptr + pair * stride_hm).to(gl.pointer_type(gl.int32), bitcast=True)
-        x_mask = gl.expand_dims(g0 + x_group < groups_k, 1)
-        p = x_pairs + g0 * 8 + pair_off
-        x0, x1 = _pair_to_f32(gl.load(p, mask=x_mask, other=0), False)
-        x2, x3 = _pair_to_f32(gl.load(p + 1, mask=x_mask, other=0), False)
-        x4, x5 = _pair_to_f32(gl.load(p + 2, mask=x_mask, other=0), False)
-        x6, x7 = _pair_to_f32(gl.load(p + 3, mask=x_mask, other=0), False)
-        block_scale = gl.expand_dims(scale.to(gl.float8e4nv, bitcast=True).to(gl.float32) * factor, 2)
-        acc = gl.fma(_word_dot(w, x0, x1, x2, x3, x4, x5, x6, x7), block_scale, acc)
+        acc = accumulate(acc, w, scale, factor, x_pairs, g0, groups_k, x_group, pair_off, False)
         w, scale = w_next, scale_next
     return gl.sum(gl.sum(acc, axis=2), axis=1) * _DECODE_FACTOR
 
