@@ -159,11 +159,29 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(F.cosine_similarity(a.float().flatten(), b.float().flatten(), dim=0))
 
 
+# Which activation precisions the linear forms may use, pinned per process by the runtime from
+# its profile (``SeatProfile.activations``): "auto", "bf16" or "nvfp4".
+_ACTIVATIONS = "auto"
+
+
+def pin_activations(mode: str) -> None:
+    """Restrict the linear forms: "bf16" offers only weight-only forms, "nvfp4" only W4A4 where
+    it qualifies (weight-only elsewhere), "auto" all. Choices are cached per offer, so a change
+    re-adjudicates instead of reusing a choice made among other forms."""
+    global _ACTIVATIONS
+    if mode not in ("auto", "bf16", "nvfp4"):
+        raise ValueError(f"activations: {mode!r}; use one of auto, bf16, nvfp4")
+    _ACTIVATIONS = mode
+
+
 def linear_candidates(m: int, n: int, k: int, capability: tuple[int, int] | None = None) -> list[Candidate]:
-    """Every form's configs for the shape; the FP4 x FP4 form only where its tensor cores are."""
+    """Every form's configs for the shape; the FP4 x FP4 form only where its tensor cores are,
+    and as the activation pin allows."""
+    w4a4 = linear_w4a4.qualifies(capability) and _ACTIVATIONS != "bf16"
+    only_w4a4 = w4a4 and _ACTIVATIONS == "nvfp4"
     out = []
     for form, mod in LINEAR_FORMS.items():
-        if form == "w4a4" and not linear_w4a4.qualifies(capability):
+        if (form == "w4a4" and not w4a4) or (only_w4a4 and form != "w4a4"):
             continue
         precision = getattr(mod, "PRECISION", 0)
         out += [candidate(form, cfg, precision) for cfg in mod.configs(m, n, k)]

@@ -12,6 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
 KINDS = ("dense", "experts", "head")
+# auto: the adjudicator may pick W4A4 where the GPU has FP4 tensor cores (ranked below W4A16,
+# so only a clear win above the parity floor); bf16: weight-only forms only; nvfp4: W4A4
+# wherever it qualifies (compute major 10+), W4A16 elsewhere.
+ACTIVATIONS = ("auto", "bf16", "nvfp4")
 
 # Rows of one LM-head slab. The kernels index in int64, so this is not a hardware limit: it
 # keeps each slab a shape the tuner measures once and shares across models with the same
@@ -38,11 +42,14 @@ class SeatProfile:
     # at 16 rows (Qwen3-30B-A3B / Qwen3.5-35B-A3B shapes), 1.01-1.06x at 24-32, behind from 48.
     moe_band_t: int = 16
     head_slab_rows: int = HEAD_SLAB_ROWS
+    activations: str = "auto"
 
     def __post_init__(self) -> None:
         unknown = [k for k in self.kinds if k not in KINDS]
         if unknown:
             raise ValueError(f"kinds: {unknown} are not seat kinds; use some of {list(KINDS)}")
+        if self.activations not in ACTIVATIONS:
+            raise ValueError(f"activations: {self.activations!r}; use one of {', '.join(ACTIVATIONS)}")
         if not 0.0 < self.parity_floor <= 1.0:
             raise ValueError(f"parity_floor: {self.parity_floor} is outside (0, 1]; 0.99 is the default")
         for name in ("min_params", "max_faults", "moe_band_t", "head_slab_rows"):
@@ -72,6 +79,12 @@ def _float(name: str, raw: str) -> float:
         return float(raw)
     except ValueError:
         raise ValueError(f"{name}={raw!r}: not a number") from None
+
+
+def _activations(name: str, raw: str) -> str:
+    if raw not in ACTIVATIONS:
+        raise ValueError(f"{name}={raw!r}: use one of {', '.join(ACTIVATIONS)}")
+    return raw
 
 
 def _list(name: str, raw: str) -> tuple[str, ...]:
@@ -113,10 +126,18 @@ ENV = (
         "Token rows up to which the packed expert bank serves; 16 by default, where it stops paying on an H200.",
     ),
     EnvVar("FLASHRT_HEAD_SLAB_ROWS", "head_slab_rows", _int, "Rows per LM-head slab."),
+    EnvVar(
+        "FLASHRT_ACTIVATIONS",
+        "activations",
+        _activations,
+        "Linear activations: auto (W4A4 only where it wins on FP4 tensor cores), bf16 (weight-only), nvfp4 (W4A4 "
+        "wherever the GPU has FP4 tensor cores).",
+    ),
     EnvVar("FLASHRT_METRICS_PORT", None, _int, "Port of the runtime's own /metrics when vLLM's is not used."),
     EnvVar("FLASHRT_CACHE_DIR", None, str, "Where kernel choices per device and shape are kept (~/.cache/flashrt)."),
     EnvVar("FLASHRT_COMMIT", None, str, "Benchmarks: the commit to record when the tree has no .git."),
     EnvVar("FLASHRT_TEST_SEED", None, _int, "Tests: replay a failed test with the seed it printed."),
+    EnvVar("FLASHRT_CHECKOV", None, str, "Tests: the checkov executable (make test sets its own)."),
 )
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-from flashrt.kernels import NVFP4Weight, linear, linear_reference, moe, moe_reference, quantize
+from flashrt.kernels import NVFP4Weight, linear, linear_reference, moe, moe_reference, ops, quantize
 from flashrt.kernels.tuning import TUNER
 from flashrt.runtime.metrics import metrics
 from flashrt.runtime.profile import SeatProfile
@@ -363,6 +363,7 @@ def attach(model: torch.nn.Module, profile: SeatProfile | None = None, discover=
     from flashrt import __version__
 
     profile = profile or SeatProfile()
+    ops.pin_activations(profile.activations)
     start = time.perf_counter()
     seats, notes = [], []
     for spec in discover(model, profile):

@@ -203,14 +203,16 @@ def test_expert_rows_above_the_band_go_to_the_retained_host_bank():
 
 
 def test_environment_configures_the_profile_and_rejects_bad_values():
-    p = from_env({"FLASHRT_KINDS": "dense,head", "FLASHRT_PARITY_FLOOR": "0.995", "FLASHRT_STRICT": "yes"})
-    assert p.kinds == ("dense", "head") and p.parity_floor == 0.995 and p.strict
+    p = from_env({"FLASHRT_KINDS": "dense,head", "FLASHRT_PARITY_FLOOR": "0.995", "FLASHRT_STRICT": "yes",
+                  "FLASHRT_ACTIVATIONS": "bf16"})  # fmt: skip
+    assert p.kinds == ("dense", "head") and p.parity_floor == 0.995 and p.strict and p.activations == "bf16"
     bad = [
         ({"FLASHRT_KINDS": "dense,attention"}, r"FLASHRT_KINDS='dense,attention': \['attention'\] are not seat kinds"),
         ({"FLASHRT_STRICT": "maybe"}, r"FLASHRT_STRICT='maybe': not a boolean"),
         ({"FLASHRT_MOE_BAND_T": "sixteen"}, r"FLASHRT_MOE_BAND_T='sixteen': not an integer"),
         ({"FLASHRT_PARITY_FLOOR": "1.5"}, r"FLASHRT_PARITY_FLOOR: 1.5 is outside \(0, 1\]"),
         ({"FLASHRT_STICT": "1"}, r"FLASHRT_STICT: not a flashrt variable"),
+        ({"FLASHRT_ACTIVATIONS": "fp8"}, r"FLASHRT_ACTIVATIONS='fp8': use one of auto, bf16, nvfp4"),
     ]
     for env, message in bad:
         with pytest.raises(ValueError, match=message):
