@@ -191,7 +191,6 @@ def rows_dot(
     GROUPS: gl.constexpr,
     WARPS_N: gl.constexpr,
     WARPS_K: gl.constexpr,
-    PREFETCH: gl.constexpr,
 ):
     """``sum_k x[k] * w[row, k] * 2**-14`` for each of ``rows`` (``rows_layout``; rows at or past
     ``n_rows`` give 0): the GEMV of one activation row against NVFP4 rows, shared by the linear
@@ -206,13 +205,11 @@ def rows_dot(
     acc = gl.zeros([ROWS * WARPS_N, STEP_GROUPS, 2], gl.float32, layout=WORDS)
     w, scale = load_step(words_ptr, scales_ptr, 0, groups_k, word_off, scale_off, row_mask, group, EVEN_K)
     for g0 in range(0, groups_k, STEP_GROUPS):
-        if PREFETCH:  # the next step's bytes are in flight while this one computes
-            w_next, scale_next = load_step(
-                words_ptr, scales_ptr, g0 + STEP_GROUPS, groups_k, word_off, scale_off, row_mask, group, EVEN_K
-            )
-        else:
-            w_next, scale_next = w, scale
-            w, scale = load_step(words_ptr, scales_ptr, g0, groups_k, word_off, scale_off, row_mask, group, EVEN_K)
+        # The next step's bytes are in flight while this one computes (loading at the top of the
+        # step never won a shape on the H200).
+        w_next, scale_next = load_step(
+            words_ptr, scales_ptr, g0 + STEP_GROUPS, groups_k, word_off, scale_off, row_mask, group, EVEN_K
+        )
         acc = accumulate(acc, w, scale, 1.0, x_pairs, g0, groups_k, x_group, pair_off, X_FP16)
         w, scale = w_next, scale_next
     return gl.sum(gl.sum(acc, axis=2), axis=1)
@@ -244,7 +241,6 @@ def nvfp4_linear_gemv_gluon_kernel(
     GROUPS: gl.constexpr,
     WARPS_N: gl.constexpr,
     WARPS_K: gl.constexpr,
-    PREFETCH: gl.constexpr,
 ):
     BLOCK_N: gl.constexpr = ROWS * WARPS_N
     pid_n = gl.program_id(0)
@@ -265,7 +261,6 @@ def nvfp4_linear_gemv_gluon_kernel(
         GROUPS,
         WARPS_N,
         WARPS_K,
-        PREFETCH,
     )
     result = result * (gl.load(global_scale_ptr) * _DECODE_FACTOR)
     n_mask = offs_n < N
@@ -311,7 +306,6 @@ def launch(
         GROUPS=config["GROUPS"],
         WARPS_N=config["WARPS_N"],
         WARPS_K=config["WARPS_K"],
-        PREFETCH=config["PREFETCH"],
         num_warps=config["WARPS_N"] * config["WARPS_K"],
     )
     return out
@@ -323,15 +317,15 @@ def configs(m: int, n: int, k: int) -> list[dict]:
     ROWS 2-8 a thread: the activations a thread converts are shared by its rows (12 instructions
     a word column), so fewer than 2 rows spend more on activations than on weights. Four warps,
     along N or splitting K: a 4096-row layer in blocks of 32 rows is 128 programs, fewer than the
-    H200's 132 SMs. 8-byte loads (one scale group a thread a step) and the next step always in
-    flight: 16-byte loads and loading at the top of the step never won a shape on the H200.
+    H200's 132 SMs. 8-byte loads (one scale group a thread a step): 16-byte loads never won a
+    shape on the H200.
     """
     from flashrt.kernels.decode import interpreted
 
     if m > 4 or interpreted() or k % 16:
         return []
     return [
-        {"ROWS": rows, "GROUPS": 1, "WARPS_N": 4 // warps_k, "WARPS_K": warps_k, "PREFETCH": 1}
+        {"ROWS": rows, "GROUPS": 1, "WARPS_N": 4 // warps_k, "WARPS_K": warps_k}
         for rows in (2, 4, 8)
         for warps_k in (1, 2, 4)
     ]

@@ -162,7 +162,6 @@ def nvfp4_linear_mma_gluon_kernel(
     ROW_TILES: gl.constexpr,
     WARPS: gl.constexpr,
     WORDS_PER_THREAD: gl.constexpr,
-    PREFETCH: gl.constexpr,
 ):
     V: gl.constexpr = WORDS_PER_THREAD
     BLOCK_N: gl.constexpr = 16 * ROW_TILES * WARPS
@@ -201,13 +200,11 @@ def nvfp4_linear_mma_gluon_kernel(
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=ACC)
     raw, words = _load_weights(words_ptr, scales_ptr, 0, K, word_off, scale_off, group3, EVEN_K)
     for k0 in range(0, K, BLOCK_K):
-        if PREFETCH:  # the next step's bytes are in flight while this one decodes
-            # With EVEN_K the last step re-reads itself instead of reading past the row.
-            k_next = gl.minimum(k0 + BLOCK_K, K - BLOCK_K) if EVEN_K else k0 + BLOCK_K
-            raw_next, words_next = _load_weights(words_ptr, scales_ptr, k_next, K, word_off, scale_off, group3, EVEN_K)
-        else:
-            raw_next, words_next = raw, words
-            raw, words = _load_weights(words_ptr, scales_ptr, k0, K, word_off, scale_off, group3, EVEN_K)
+        # The next step's words are in flight while this one decodes (loading at the top of the
+        # step never won a shape on the H200). With EVEN_K the last step re-reads itself instead
+        # of reading past the row.
+        k_next = gl.minimum(k0 + BLOCK_K, K - BLOCK_K) if EVEN_K else k0 + BLOCK_K
+        raw_next, words_next = _load_weights(words_ptr, scales_ptr, k_next, K, word_off, scale_off, group3, EVEN_K)
         x_mask = token_mask if EVEN_K else token_mask & gl.expand_dims(k0 + ka < K, 1)
         scale = (raw.to(gl.float8e4nv, bitcast=True).to(gl.float32) * _SCALE_FACTOR).to(gl.bfloat16)
         p0, p1, p2, p3 = _decode(words, gl.broadcast(gl.expand_dims(scale, 3), words)[0])
@@ -271,7 +268,6 @@ def launch(
         ROW_TILES=config["ROW_TILES"],
         WARPS=config["WARPS"],
         WORDS_PER_THREAD=config["WORDS_PER_THREAD"],
-        PREFETCH=config["PREFETCH"],
         num_warps=config["WARPS"],
     )
     return out
@@ -284,8 +280,7 @@ def configs(m: int, n: int, k: int) -> list[dict]:
     ROW_TILES 1-2 row tiles of 16 a warp; 1-8 warps: a program is 16-256 rows, and small blocks
     are what give a 4096-28672-row layer enough programs (H200, 28672 x 4096 at one token: 64-row
     blocks left this form at 34 us, behind the GEMV's 29); WORDS_PER_THREAD 2 or 4 (8- or
-    16-byte loads). The next step's words are always in flight during the decode (it won every
-    shape on the H200 against loading at the top of the step).
+    16-byte loads).
     """
     from flashrt.kernels.decode import interpreted
 
@@ -293,7 +288,7 @@ def configs(m: int, n: int, k: int) -> list[dict]:
         return []
     block_ms = [bm for bm in (8, 16, 32, 64) if bm // 2 < max(m, 8)][-2:]
     return [
-        {"BLOCK_M": bm, "ROW_TILES": tiles, "WARPS": warps, "WORDS_PER_THREAD": v, "PREFETCH": 1}
+        {"BLOCK_M": bm, "ROW_TILES": tiles, "WARPS": warps, "WORDS_PER_THREAD": v}
         for bm in block_ms
         for tiles in (1, 2)
         for warps in (1, 2, 4, 8)

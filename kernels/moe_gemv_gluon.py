@@ -86,7 +86,6 @@ def moe_gate_up_gemv_kernel(
                 GROUPS,
                 WARPS_N,
                 WARPS_K,
-                True,
             ),
             (BLOCK_N, 2),
         )

@@ -109,9 +109,9 @@ LINEAR_FORMS = {"gemv": linear_gemv, "mma": linear_mma} | (GLUON_FORMS if ON_GPU
 LINEAR_TOKENS = {"gemv": (1, 3), "gemv_gluon": (1, 3), "mma": (1, 3, 7, 16, 33), "mma_gluon": (1, 3, 7, 16, 33)}
 LINEAR_CONFIGS = {
     "gemv": {"BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4, "num_stages": 2},
-    "gemv_gluon": {"ROWS": 4, "GROUPS": 2, "WARPS_N": 2, "WARPS_K": 2, "PREFETCH": 1},
+    "gemv_gluon": {"ROWS": 4, "GROUPS": 2, "WARPS_N": 2, "WARPS_K": 2},
     "mma": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4, "num_stages": 2},
-    "mma_gluon": {"BLOCK_M": 16, "ROW_TILES": 2, "WARPS": 4, "WORDS_PER_THREAD": 4, "PREFETCH": 1},
+    "mma_gluon": {"BLOCK_M": 16, "ROW_TILES": 2, "WARPS": 4, "WORDS_PER_THREAD": 4},
 }
 LINEAR_CASES = [(form, m, k) for form in LINEAR_FORMS for m in LINEAR_TOKENS[form] for k in (768, 2048, 4096)]
 
