@@ -213,6 +213,32 @@ def dot(a, b, acc, INTERPRETED: tl.constexpr):
         return tl.dot(a, b, acc)
 
 
+def shift_ptx(dst: str, src: str, amount: int) -> str:
+    """PTX moving ``src`` left by ``amount`` bits into ``dst`` (right when negative)."""
+    if amount > 0:
+        return f"shl.b32 {dst}, {src}, {amount};"
+    if amount < 0:
+        return f"shr.b32 {dst}, {src}, {-amount};"
+    return f"mov.b32 {dst}, {src};"
+
+
+def placed_pairs(words, magnitude_shift, sign_shift, magnitude_mask: int, sign_mask: int, dtype):
+    """A bit-placement decoder's arithmetic in plain torch: int32 ``words [...]`` -> ``dtype
+    [..., 8]`` in element order. Pair q of a word holds elements q (low half) and q + 4 (high
+    half), each moved by ``magnitude_shift[q]``/``sign_shift[q]`` and masked; what CI checks
+    the Gluon decoders' PTX constants with."""
+    import torch
+
+    w = words.to(torch.int64) & 0xFFFFFFFF
+    out = torch.empty(*words.shape, 8, dtype=dtype)
+    for q in range(4):
+        mag = (w << magnitude_shift[q] if magnitude_shift[q] >= 0 else w >> -magnitude_shift[q]) & magnitude_mask
+        pair = (mag | ((w << sign_shift[q]) & sign_mask)).to(torch.int32)
+        out[..., q] = (pair & 0xFFFF).to(torch.int16).view(dtype)
+        out[..., q + 4] = ((pair >> 16) & 0xFFFF).to(torch.int16).view(dtype)
+    return out
+
+
 def interpreted() -> bool:
     import os
 
@@ -226,4 +252,14 @@ def use_prmt(device_capability: tuple[int, int] | None) -> bool:
     return device_capability[0] >= 9
 
 
-__all__ = ["decode", "decode_arith", "decode_prmt", "dot", "e4m3_to_bf16", "interpreted", "use_prmt"]
+__all__ = [
+    "decode",
+    "decode_arith",
+    "decode_prmt",
+    "dot",
+    "e4m3_to_bf16",
+    "interpreted",
+    "placed_pairs",
+    "shift_ptx",
+    "use_prmt",
+]

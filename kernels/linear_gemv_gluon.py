@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 import triton
+from flashrt.kernels.decode import placed_pairs, shift_ptx
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
@@ -37,23 +38,15 @@ DECODE_FACTOR = 2.0**14  # fp16 bits are e2m1 * 2**-14
 _DECODE_FACTOR = gl.constexpr(DECODE_FACTOR)
 
 
-def _shift(dst: str, amount: int) -> str:
-    if amount > 0:
-        return f"shl.b32 {dst}, $1, {amount};"
-    if amount < 0:
-        return f"shr.b32 {dst}, $1, {-amount};"
-    return f"mov.b32 {dst}, $1;"
-
-
 def _word_dot_ptx() -> str:
     """PTX: ``$0 = sum_j e2m1_j * 2**-14 * x_j`` over the eight elements of word ``$1``; x in ``$2..$9``."""
     lines = ["{", ".reg .b32 m, s;", ".reg .b16 h0, h1;", ".reg .f32 f0, f1, acc;"]
     for i in range(4):
         first = f"mul.f32 acc, f0, ${2 + i};" if i == 0 else f"fma.rn.f32 acc, f0, ${2 + i}, acc;"
         lines += [
-            _shift("m", MAGNITUDE_SHIFT[i]),
+            shift_ptx("m", "$1", MAGNITUDE_SHIFT[i]),
             f"and.b32 m, m, {MAGNITUDE_MASK:#010x};",
-            _shift("s", SIGN_SHIFT[i]),
+            shift_ptx("s", "$1", SIGN_SHIFT[i]),
             f"and.b32 s, s, {SIGN_MASK:#010x};",
             "or.b32 m, m, s;",
             "mov.b32 {h0, h1}, m;",
@@ -69,17 +62,8 @@ _WORD_DOT = gl.constexpr(_word_dot_ptx())
 
 
 def fp16_bits(words: torch.Tensor) -> torch.Tensor:
-    """The decoder's arithmetic in plain torch: int32 words ``[...]`` -> fp16 ``[..., 8]`` in
-    element order, each ``e2m1 * 2**-14``. What CI checks the PTX's constants with."""
-    w = words.to(torch.int64) & 0xFFFFFFFF
-    out = torch.empty(*words.shape, 8, dtype=torch.float16)
-    for i in range(4):
-        mag = (w << MAGNITUDE_SHIFT[i] if MAGNITUDE_SHIFT[i] >= 0 else w >> -MAGNITUDE_SHIFT[i]) & MAGNITUDE_MASK
-        sign = (w << SIGN_SHIFT[i]) & SIGN_MASK
-        pair = (mag | sign).to(torch.int32)
-        out[..., i] = (pair & 0xFFFF).to(torch.int16).view(torch.float16)
-        out[..., i + 4] = ((pair >> 16) & 0xFFFF).to(torch.int16).view(torch.float16)
-    return out
+    """This decoder's bit placement in plain torch: int32 words -> float16 ``[..., 8]``, each ``e2m1 * 2**-14``."""
+    return placed_pairs(words, MAGNITUDE_SHIFT, SIGN_SHIFT, MAGNITUDE_MASK, SIGN_MASK, torch.float16)
 
 
 @gluon.jit

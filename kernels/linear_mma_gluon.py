@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 import triton
+from flashrt.kernels.decode import placed_pairs, shift_ptx
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
@@ -39,22 +40,14 @@ _SCALE_FACTOR = gl.constexpr(SCALE_FACTOR)
 _EPILOGUE_FACTOR = gl.constexpr(EPILOGUE_FACTOR)
 
 
-def _shift(dst: str, amount: int) -> str:
-    if amount > 0:
-        return f"shl.b32 {dst}, $4, {amount};"
-    if amount < 0:
-        return f"shr.b32 {dst}, $4, {-amount};"
-    return f"mov.b32 {dst}, $4;"
-
-
 def _decode_ptx() -> str:
     """PTX: four bf16 pairs ``$0..$3`` of word ``$4``, each times the bf16 scale ``$5``."""
     lines = ["{", ".reg .b32 m, s, scale2;", "mov.b32 scale2, {$5, $5};"]
     for q in range(4):
         lines += [
-            _shift("m", MAGNITUDE_SHIFT[q]),
+            shift_ptx("m", "$4", MAGNITUDE_SHIFT[q]),
             f"and.b32 m, m, {MAGNITUDE_MASK:#010x};",
-            _shift("s", SIGN_SHIFT[q]),
+            shift_ptx("s", "$4", SIGN_SHIFT[q]),
             f"and.b32 s, s, {SIGN_MASK:#010x};",
             "or.b32 m, m, s;",
             f"mul.rn.bf16x2 ${q}, m, scale2;",
@@ -66,16 +59,8 @@ _DECODE = gl.constexpr(_decode_ptx())
 
 
 def bf16_bits(words: torch.Tensor) -> torch.Tensor:
-    """The decoder's bit placement in plain torch: int32 words ``[...]`` -> bf16 ``[..., 8]`` in
-    element order, each ``e2m1 * 2**-126``. What CI checks the PTX's constants with."""
-    w = words.to(torch.int64) & 0xFFFFFFFF
-    out = torch.empty(*words.shape, 8, dtype=torch.bfloat16)
-    for q in range(4):
-        mag = (w << MAGNITUDE_SHIFT[q] if MAGNITUDE_SHIFT[q] >= 0 else w >> -MAGNITUDE_SHIFT[q]) & MAGNITUDE_MASK
-        pair = (mag | ((w << SIGN_SHIFT[q]) & SIGN_MASK)).to(torch.int32)
-        out[..., q] = (pair & 0xFFFF).to(torch.int16).view(torch.bfloat16)
-        out[..., q + 4] = ((pair >> 16) & 0xFFFF).to(torch.int16).view(torch.bfloat16)
-    return out
+    """This decoder's bit placement in plain torch: int32 words -> bfloat16 ``[..., 8]``, each ``e2m1 * 2**-126``."""
+    return placed_pairs(words, MAGNITUDE_SHIFT, SIGN_SHIFT, MAGNITUDE_MASK, SIGN_MASK, torch.bfloat16)
 
 
 @gluon.jit
