@@ -1,17 +1,23 @@
 """usage: python -m flashrt.bench kernels [--quick] [--only linear|moe|quantize] [--out PATH]
-python -m flashrt.bench seats [--layers N] [--tokens N] [--out PATH]"""
+python -m flashrt.bench seats [--layers N] [--tokens N] [--out PATH]
+python -m flashrt.bench e2e [--models a,b] [--layers N] [--batches 1,4,...] [--out PATH]
+python -m flashrt.bench webhook [...]"""
 
 import sys
 
 
 def main() -> int:
-    if len(sys.argv) < 2 or sys.argv[1] not in {"kernels", "seats", "webhook"}:
+    if len(sys.argv) < 2 or sys.argv[1] not in {"kernels", "seats", "e2e", "webhook"}:
         print(__doc__)
         return 2
     if sys.argv[1] == "webhook":
         from flashrt.bench import webhook
 
         return webhook.main(sys.argv[2:])
+    if sys.argv[1] == "e2e":
+        from flashrt.bench import e2e
+
+        return e2e.main(sys.argv[2:])
     if sys.argv[1] == "seats":
         from flashrt.bench import seats
 

@@ -18,21 +18,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from flashrt.bench.e2e import build
 from flashrt.bench.kernels import provenance
 from flashrt.runtime import SeatProfile, attach
-
-
-def _model(layers: int):
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-
-    config = Qwen3MoeConfig(
-        vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
-        num_hidden_layers=layers, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
-        num_experts=128, num_experts_per_tok=8, decoder_sparse_step=1, norm_topk_prob=True,
-        max_position_embeddings=4096, tie_word_embeddings=False,
-    )  # fmt: skip
-    with torch.device("cuda"):
-        return Qwen3MoeForCausalLM(config).to(torch.bfloat16).eval()
 
 
 def _decode_tok_s(model, prompt, tokens: int) -> float:
@@ -89,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         print("flashrt bench seats needs a CUDA GPU: this machine has none.")
         return 2
     result = provenance() | {"model": "Qwen3-30B-A3B-shaped, random weights", "layers": args.layers}
-    model = _model(args.layers)
+    model = build("qwen3-30b-a3b", args.layers)
     torch.manual_seed(0)
     prompt = torch.randint(0, 151936, (1, 32), device="cuda")
     with torch.no_grad():

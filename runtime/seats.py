@@ -117,7 +117,10 @@ class Seat:
     fallbacks: int = 0
     bytes_before: int = 0
     bytes_after: int = 0
-    seam: object = field(default=None, repr=False)  # what the module's forward calls while seated
+    served: int | None = None  # the seat's number for the served ops
+    band_host: bool = False  # rows above the MoE band go to the host (a retained bank)
+    seam: object = field(default=None, repr=False)  # the packed kernel's path
+    host: object = field(default=None, repr=False)  # what serves a fault (and rows above the MoE band)
     _stash: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -175,6 +178,47 @@ def _calibration(rows: int, k: int, like: torch.Tensor) -> torch.Tensor:
     return torch.randn(rows, k, generator=gen, device=like.device, dtype=torch.float32).to(dtype)
 
 
+# Seats by number, for the served ops below: an op takes tensors and numbers, not objects.
+_SERVED: list[Seat | None] = []
+
+
+def _serving(seat: Seat) -> int:
+    _SERVED.append(seat)
+    seat.served = len(_SERVED) - 1
+    return seat.served
+
+
+@torch.library.custom_op("flashrt::served_linear", mutates_args=())
+def served_linear(x: torch.Tensor, bias: torch.Tensor | None, seat: int, out_features: int) -> torch.Tensor:
+    """One seated projection call: the seam, or the host on a fault, counted. An opaque op
+    because compilers (vLLM's, ``torch.compile`` on a transformers model) trace with dynamo,
+    which cannot trace the counting, the try/except or the host's own dispatch: the op runs
+    them eagerly inside the compiled graph."""
+    s = _SERVED[seat]
+    return s._serve(s.seam, s.host, x, bias)
+
+
+@served_linear.register_fake
+def _(x, bias, seat, out_features):
+    return x.new_empty(*x.shape[:-1], out_features)
+
+
+@torch.library.custom_op("flashrt::served_moe", mutates_args=())
+def served_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, seat: int) -> torch.Tensor:
+    """One seated expert bank call: rows above the MoE band go to the retained host bank, the
+    rest to the packed one. The band test is a Python branch on the row count, so it lives in
+    this opaque op: in a graph traced without shape guards it would be frozen at the traced size."""
+    s = _SERVED[seat]
+    if s.band_host and x.shape[0] > s.profile.moe_band_t:
+        return s.host(x, topk_weights, topk_ids)
+    return s._serve(s.seam, s.host, x, topk_weights, topk_ids)
+
+
+@served_moe.register_fake
+def _(x, topk_weights, topk_ids, seat):
+    return torch.empty_like(x)
+
+
 class ProjectionSeat(Seat):
     """A dense projection or the LM head: ``y = x W^T + b`` through ``flashrt.kernels.linear``."""
 
@@ -190,24 +234,23 @@ class ProjectionSeat(Seat):
         slabs = [quantize(weight.detach()[i : i + rows]) for i in range(0, weight.shape[0], rows)]
         x = _calibration(CALIBRATION_ROWS, weight.shape[1], weight)
         host = F.linear(x.to(weight.dtype), weight.detach())
-        seam = self._seam(slabs, None)(x)
-        self.parity = _cosine(seam, host)
+        self.parity = _cosine(self._seam(slabs)(x, None), host)
         if self.parity < self.profile.parity_floor:
             raise Refused(f"parity {self.parity:.4f} under the floor {self.profile.parity_floor}")
         self.bytes_before = _nbytes(weight)
         self.bytes_after = sum(s.nbytes for s in slabs)
-        tied = self.spec.tied
+        tied, out_features = self.spec.tied, weight.shape[0]
         if not tied:
             self._free(weight)
-        self.seam = self._seam(slabs, bias)
-        reference = self._reference(slabs, bias)
-        module.forward = lambda x: self._serve(self.seam, reference, x)
+        self.seam, self.host = self._seam(slabs), self._reference(slabs)
+        index = _serving(self)
+        module.forward = lambda x: served_linear(x, bias, index, out_features)
         self.state = "seated"
         self.reason = "tied to the input embedding: bf16 weight kept for it" if tied else ""
 
     @staticmethod
-    def _seam(slabs: list[NVFP4Weight], bias: torch.Tensor | None):
-        def run(x: torch.Tensor) -> torch.Tensor:
+    def _seam(slabs: list[NVFP4Weight]):
+        def run(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
             xs = x if x.dtype in (torch.bfloat16, torch.float16) else x.to(torch.bfloat16)
             outs = [linear(xs, s) for s in slabs]
             out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
@@ -218,8 +261,8 @@ class ProjectionSeat(Seat):
         return run
 
     @staticmethod
-    def _reference(slabs: list[NVFP4Weight], bias: torch.Tensor | None):
-        def run(x: torch.Tensor) -> torch.Tensor:
+    def _reference(slabs: list[NVFP4Weight]):
+        def run(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
             flat = x.reshape(-1, x.shape[-1])
             xs = flat if flat.dtype in (torch.bfloat16, torch.float16) else flat.to(torch.bfloat16)
             out = torch.cat([linear_reference(xs, s) for s in slabs], dim=-1)
@@ -238,7 +281,7 @@ class ExpertSeat(Seat):
         gu_w, dn_w = module.gate_up_proj, module.down_proj
         if gu_w.shape[2] % 16 or dn_w.shape[2] % 16:
             raise Refused(f"hidden {gu_w.shape[2]} or intermediate {dn_w.shape[2]} is not a multiple of 16")
-        host_forward = module.forward  # the bound method of the class
+        host_forward = module.forward  # what the bank computes now: the class's forward or the caller's
         gate_up, down = quantize(gu_w.detach()), quantize(dn_w.detach())
         e, k = gu_w.shape[0], gu_w.shape[2]
         x = _calibration(CALIBRATION_ROWS * 2, k, gu_w)
@@ -248,39 +291,39 @@ class ExpertSeat(Seat):
         weights, ids = torch.topk(probs, top_k)
         weights = (weights / weights.sum(-1, keepdim=True)).to(x.dtype)
         with torch.no_grad():
-            host = host_forward(x.to(gu_w.dtype), ids, weights.to(gu_w.dtype))
-            seam = moe(x, gate_up, down, ids, weights)
-        self.parity = _cosine(seam, host)
+            expected = host_forward(x.to(gu_w.dtype), ids, weights.to(gu_w.dtype))
+            self.parity = _cosine(moe(x, gate_up, down, ids, weights), expected)
         if self.parity < self.profile.parity_floor:
             raise Refused(f"parity {self.parity:.4f} under the floor {self.profile.parity_floor}")
         self.bytes_before = _nbytes(gu_w, dn_w)
         self.bytes_after = gate_up.nbytes + down.nbytes
-        band = self.profile.moe_band_t
-        retain = self.profile.retain_host_experts
-        if not retain:
+        self.band_host = self.profile.retain_host_experts
+        if not self.band_host:
             self._free(gu_w)
             self._free(dn_w)
         else:
             self.bytes_after += self.bytes_before
 
-        def seam_fn(hidden, top_k_index, top_k_weights):
+        def seam(hidden, top_k_weights, top_k_index):
             h = hidden if hidden.dtype in (torch.bfloat16, torch.float16) else hidden.to(torch.bfloat16)
             return moe(h, gate_up, down, top_k_index, top_k_weights.to(h.dtype)).to(hidden.dtype)
 
-        def reference(hidden, top_k_index, top_k_weights):
+        def reference(hidden, top_k_weights, top_k_index):
             h = hidden if hidden.dtype in (torch.bfloat16, torch.float16) else hidden.to(torch.bfloat16)
             return moe_reference(h, gate_up, down, top_k_index, top_k_weights).to(hidden.dtype)
 
-        self.seam = seam_fn
+        def host(hidden, top_k_weights, top_k_index):
+            return host_forward(hidden, top_k_index, top_k_weights)
 
-        def forward(hidden, top_k_index, top_k_weights):
-            if retain and hidden.shape[0] > band:
-                return host_forward(hidden, top_k_index, top_k_weights)
-            return self._serve(self.seam, host_forward if retain else reference, hidden, top_k_index, top_k_weights)
-
-        module.forward = forward
+        self.seam, self.host = seam, host if self.band_host else reference
+        index = _serving(self)
+        module.forward = lambda hidden, top_k_index, top_k_weights: served_moe(
+            hidden, top_k_weights, top_k_index, index
+        )
         self.state = "seated"
-        self.reason = f"band {band} rows" + ("; bf16 bank retained for larger batches" if retain else "")
+        self.reason = f"band {self.profile.moe_band_t} rows" + (
+            "; bf16 bank retained for larger batches" if self.band_host else ""
+        )
 
 
 SEAT_TYPES = {"dense": ProjectionSeat, "head": ProjectionSeat, "experts": ExpertSeat}
@@ -301,6 +344,8 @@ class Handle:
             if seat.state == "seated":
                 seat.unbind()
                 seat.state = "detached"
+            if seat.served is not None:  # drop the packed weights with the seat
+                _SERVED[seat.served] = None
         _publish(self)
 
     def summary(self) -> dict:

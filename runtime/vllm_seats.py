@@ -22,7 +22,16 @@ from dataclasses import dataclass
 import torch
 from flashrt.kernels import moe, quantize
 from flashrt.runtime.profile import SeatProfile
-from flashrt.runtime.seats import CALIBRATION_ROWS, ProjectionSeat, Refused, SeatSpec, _calibration, _cosine, attach
+from flashrt.runtime.seats import (
+    CALIBRATION_ROWS,
+    ProjectionSeat,
+    Refused,
+    SeatSpec,
+    _calibration,
+    _cosine,
+    _serving,
+    attach,
+)
 from flashrt.runtime.vllm_plugin import _STASH
 
 
@@ -68,24 +77,6 @@ def _admitted(name: str, profile: SeatProfile) -> bool:
     return not any(fnmatch.fnmatchcase(name, p) for p in profile.exclude)
 
 
-# Seats by number, for the custom op below: an op takes tensors and numbers, not objects.
-_SERVED: list[QuantMethodSeat] = []
-
-
-@torch.library.custom_op("flashrt::served_linear", mutates_args=())
-def served_linear(x: torch.Tensor, bias: torch.Tensor | None, seat: int, out_features: int) -> torch.Tensor:
-    """One seated ``apply``: the seam, or the host on a fault, counted. An opaque op, because
-    vLLM compiles the model with dynamo, which cannot trace the counting, the try/except or
-    the host's own dispatch; the op runs them eagerly inside the compiled graph."""
-    seat_obj = _SERVED[seat]
-    return seat_obj._serve(seat_obj.seam_with_bias, seat_obj.host_apply, x, bias)
-
-
-@served_linear.register_fake
-def _(x, bias, seat, out_features):
-    return x.new_empty(*x.shape[:-1], out_features)
-
-
 @dataclass
 class _SeatedMethod:
     """Stands in for a layer's ``quant_method``: ``apply`` from NVFP4, the rest from the host's."""
@@ -115,15 +106,14 @@ class QuantMethodSeat(ProjectionSeat):
         slabs = [quantize(weight.detach()[i : i + rows]) for i in range(0, weight.shape[0], rows)]
         host = layer.quant_method
         x = _calibration(CALIBRATION_ROWS, weight.shape[1], weight)
-        self.parity = _cosine(self._seam(slabs, None)(x), host.apply(layer, x, None))
+        self.parity = _cosine(self._seam(slabs)(x, None), host.apply(layer, x, None))
         if self.parity < self.profile.parity_floor:
             raise Refused(f"parity {self.parity:.4f} under the floor {self.profile.parity_floor}")
         self.bytes_before = weight.numel() * weight.element_size()
         self.bytes_after = sum(s.nbytes for s in slabs)
-        self.seam_with_bias = lambda x, bias: self._seam(slabs, bias)(x)
-        self.host_apply = lambda x, bias: host.apply(layer, x, bias)
-        _SERVED.append(self)
-        layer.quant_method = _SeatedMethod(host, len(_SERVED) - 1, weight.shape[0])
+        self.seam = self._seam(slabs)
+        self.host = lambda x, bias: host.apply(layer, x, bias)
+        layer.quant_method = _SeatedMethod(host, _serving(self), weight.shape[0])
         self.state = "seated"
         self._drop_stash()
 
@@ -137,22 +127,6 @@ class QuantMethodSeat(ProjectionSeat):
         if isinstance(layer.quant_method, _SeatedMethod):
             layer.quant_method = layer.quant_method.host
         self._drop_stash()
-
-
-@torch.library.custom_op("flashrt::served_moe", mutates_args=())
-def served_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, seat: int) -> torch.Tensor:
-    """A seated expert bank: rows above the MoE band go to vLLM's own bank, the rest to the
-    packed one. The band test is a Python branch on the row count, so it lives in this opaque
-    op: in a graph traced without shape guards it would be frozen at the traced size."""
-    seat_obj = _SERVED[seat]
-    if x.shape[0] > seat_obj.profile.moe_band_t:
-        return seat_obj.host_apply(x, topk_weights, topk_ids)
-    return seat_obj._serve(seat_obj.seam_moe, seat_obj.host_apply, x, topk_weights, topk_ids)
-
-
-@served_moe.register_fake
-def _(x, topk_weights, topk_ids, seat):
-    return torch.empty_like(x)
 
 
 @dataclass
@@ -209,12 +183,11 @@ class MoESeat(QuantMethodSeat):
             raise Refused(f"parity {self.parity:.4f} under the floor {self.profile.parity_floor}")
         self.bytes_before = w13.numel() * w13.element_size() + w2.numel() * w2.element_size()
         self.bytes_after = gate_up.nbytes + down.nbytes + self.bytes_before  # vLLM's bank stays for large batches
-        self.seam_moe, self.host_apply = seam, host_apply
+        self.seam, self.host, self.band_host = seam, host_apply, True
         self._drop_stash()
-        _SERVED.append(self)
         # vLLM's MoE method is a child module: the proxy goes into the instance dict, which
         # attribute lookup reads first, so the module tree (and every parameter path) is unchanged.
-        object.__setattr__(layer, "quant_method", _SeatedMoEMethod(host, len(_SERVED) - 1))
+        object.__setattr__(layer, "quant_method", _SeatedMoEMethod(host, _serving(self)))
         self.state = "seated"
         self.reason = f"band {self.profile.moe_band_t} rows; vLLM's bank serves larger batches"
 
@@ -230,17 +203,6 @@ def attach_vllm(model: torch.nn.Module, profile: SeatProfile):
         profile,
         discover=discover_vllm,
         seat_types={"dense": QuantMethodSeat, "head": QuantMethodSeat, "experts": MoESeat},
-    )
-    import sys
-
-    print(
-        [(s.name, s.kind, s.state, s.reason) for s in handle.seats][-4:],
-        [
-            (n, type(m).__name__, hasattr(m, "quant_method"), hasattr(m, "w13_weight"))
-            for n, m in model.named_modules()
-            if "expert" in n
-        ][:6],
-        file=sys.stderr,
     )
     for module in model.modules():  # copies kept for seats that were refused or filtered out
         for name in (_STASH, f"{_STASH}_w13_weight", f"{_STASH}_w2_weight"):

@@ -98,6 +98,23 @@ def test_seated_generation_keeps_parity_with_the_host(make):
     handle.detach()
 
 
+@pytest.mark.parametrize("make", [_llama, _qwen3_moe])
+def test_a_seated_model_compiles_as_one_graph_and_computes_the_same(make):
+    """Seats are opaque ops to dynamo, so ``torch.compile`` (what a serving loop wraps a model
+    in) traces the seated model whole, with the shapes the ops declare."""
+    model = make()
+    handle = attach(model, PROFILE)
+    prompt = torch.randint(0, 1024, (2, 12))
+    calls = handle.summary()["calls"]
+    with torch.no_grad():
+        eager = model(prompt).logits
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="aot_eager", fullgraph=True)(prompt).logits
+    assert torch.equal(compiled, eager)
+    assert handle.summary()["calls"] > calls, "the compiled graph calls the seats"
+    handle.detach()
+
+
 def test_tied_head_keeps_the_embedding_working():
     model = _llama(tied=True)
     assert model.lm_head.weight is model.model.embed_tokens.weight
@@ -150,11 +167,11 @@ def test_a_seam_that_raises_falls_back_then_detaches_itself():
     healthy = victim.seam
     calls = {"n": 0}
 
-    def faulty(x):  # raises on its second call and every call after
+    def faulty(x, bias):  # raises on its second call and every call after
         calls["n"] += 1
         if calls["n"] >= 2:
             raise RuntimeError("injected fault")
-        return healthy(x)
+        return healthy(x, bias)
 
     victim.seam = faulty
     prompt = torch.randint(0, 1024, (1, 6))

@@ -149,7 +149,7 @@ def bind(self):
     _bind(self)
     if not self.name.endswith("layers.0.mlp.down_proj"):
         return
-    healthy, calls = self.seam_with_bias, [0]
+    healthy, calls = self.seam, [0]
 
     def faulty(x, bias):  # every call from the N-th on raises
         calls[0] += 1
@@ -157,7 +157,7 @@ def bind(self):
             raise RuntimeError("injected fault")
         return healthy(x, bias)
 
-    self.seam_with_bias = faulty
+    self.seam = faulty
 
 
 def register():

@@ -1,0 +1,464 @@
+"""``python -m flashrt.bench e2e``: decode end to end on the GPU, seated against bf16.
+
+Models come from transformers configs with random weights (no download): a Llama-3-8B-shaped
+dense model, a Qwen3-30B-A3B-shaped MoE and, where the installed transformers has it, a
+Qwen3.5-35B-A3B-shaped hybrid MoE. Both arms run the same static KV cache, the same
+``torch.compile`` of the model and the same decode step: the forward plus greedy selection
+captured in one CUDA graph and replayed once a token, as a serving engine runs decode.
+``generate()`` at batch 1 is reported beside it; its per-step host work caps any kernel's
+speedup (design.md, "Measured anchors").
+
+The bf16 arm's expert banks run ``moe_fused`` on bf16 weights (one grouped launch for gate_up,
+one for down, config measured per row count), faster than vLLM's fused-MoE kernel on the H200
+(bench/results/h200-kernels.json: 37.6 us at one token against vLLM's 84.3). transformers' own
+``grouped_mm`` reads the whole bank every step and would flatter the packed bank. The seated
+arm keeps that bf16 bank as its host for rows above the MoE band (the runtime's default
+profile); the band sweep measures decode with the packed bank and with the host bank at the
+same batch, which is where the default band comes from.
+
+Random Gaussian weights give expert banks a parity near 0.987 against bf16 (two chained NVFP4
+GEMMs and a gate), so MoE models use a parity floor of 0.98, stated in the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import inspect
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from flashrt.bench.kernels import provenance
+from flashrt.kernels import moe_fused, ops
+from flashrt.runtime import SeatProfile, attach
+from flashrt.runtime.seats import _is_expert_bank
+
+PROMPT, GENERATED, WARM_STEPS = 128, 128, 3
+BATCHES = (1, 4, 8, 16, 32)
+
+
+def _llama3_8b(layers: int):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=layers or 32,
+        num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192, rope_theta=500000.0,
+        tie_word_embeddings=False,
+    )  # fmt: skip
+
+
+def _qwen3_30b_a3b(layers: int):
+    from transformers import Qwen3MoeConfig
+
+    return Qwen3MoeConfig(
+        vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+        num_hidden_layers=layers or 48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+        num_experts=128, num_experts_per_tok=8, decoder_sparse_step=1, norm_topk_prob=True,
+        max_position_embeddings=4096, tie_word_embeddings=False,
+    )  # fmt: skip
+
+
+def _qwen35_35b_a3b(layers: int):
+    from transformers import Qwen3_5MoeTextConfig  # the text model's defaults are the 35B-A3B's
+
+    config = Qwen3_5MoeTextConfig()
+    if layers:  # keep the 3:1 linear-to-full attention pattern of the first ``layers``
+        types = config.layer_types[:layers]
+        types[-1] = "full_attention"  # at least one: the cache's length is read from one
+        config = Qwen3_5MoeTextConfig(num_hidden_layers=layers, layer_types=types)
+    return config
+
+
+MODELS = {"llama3-8b": _llama3_8b, "qwen3-30b-a3b": _qwen3_30b_a3b, "qwen3.5-35b-a3b": _qwen35_35b_a3b}
+
+
+def build(name: str, layers: int) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    config = MODELS[name](layers)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    return model.eval()
+
+
+# -- the bf16 arm's expert bank ------------------------------------------------------------------
+
+_BANKS: list[torch.nn.Module] = []
+_BANK_CONFIGS: dict[tuple, dict] = {}
+
+
+@torch.library.custom_op("flashrt_bench::bf16_bank", mutates_args=())
+def bf16_bank(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, bank: int) -> torch.Tensor:
+    """``moe_fused`` on the bank's bf16 weights, the config measured once per row count (the
+    first call of a shape must come before any capture, as the seated arm's adjudication does)."""
+    module = _BANKS[bank]
+    gate_up, down = (module.gate_up_proj, None, None), (module.down_proj, None, None)
+    weights = top_k_weights.to(hidden.dtype)
+    e, two_n, k = module.gate_up_proj.shape
+    key = (hidden.shape[0], e, two_n, k, top_k_index.shape[1])
+    out = torch.empty_like(hidden)
+    if key not in _BANK_CONFIGS:
+        configs = moe_fused.configs(hidden.shape[0], two_n // 2, k)
+        launch = functools.partial(moe_fused.launch, hidden, gate_up, down, top_k_index, weights, out)
+        _BANK_CONFIGS[key] = min(configs, key=lambda c: ops._time_us(functools.partial(launch, c, False)))
+    return moe_fused.launch(hidden, gate_up, down, top_k_index, weights, out, _BANK_CONFIGS[key], False)
+
+
+@bf16_bank.register_fake
+def _(hidden, top_k_index, top_k_weights, bank):
+    return torch.empty_like(hidden)
+
+
+def install_bf16_banks(model: torch.nn.Module) -> int:
+    """Every fused expert bank computes through ``bf16_bank``; returns how many."""
+    count = 0
+    for module in model.modules():
+        if _is_expert_bank(module):
+            _BANKS.append(module)
+            index = len(_BANKS) - 1
+            module.forward = lambda hidden, ids, weights, index=index: bf16_bank(hidden, ids, weights, index)
+            count += 1
+    return count
+
+
+# -- one arm at one batch ------------------------------------------------------------------------
+
+
+class DecodeRun:
+    """A static cache and the buffers one captured decode step reads and advances in place."""
+
+    def __init__(self, model, compiled, prompt: torch.Tensor):
+        from transformers import StaticCache
+
+        self.model, self.compiled, self.prompt = model, compiled, prompt
+        batch, length = prompt.shape[0], PROMPT + GENERATED + WARM_STEPS
+        self.cache = StaticCache(config=model.config, max_cache_len=length)
+        device = prompt.device
+        causal = torch.ones(PROMPT, length, dtype=torch.bool, device=device).tril()
+        self.prefill_mask = causal[None, None].expand(batch, 1, PROMPT, length).contiguous()
+        self.prefill_positions = torch.arange(PROMPT, device=device)[None].expand(batch, PROMPT).contiguous()
+        self.token = torch.zeros(batch, 1, dtype=torch.long, device=device)
+        self.position = torch.zeros(1, dtype=torch.long, device=device)
+        self.positions = torch.zeros(batch, 1, dtype=torch.long, device=device)
+        self.mask = torch.zeros(batch, 1, 1, length, dtype=torch.bool, device=device)
+        wants_cache_position = "cache_position" in inspect.signature(model.forward).parameters
+        self.extra = {"cache_position": self.position} if wants_cache_position else {}
+        self.prefill_extra = {"cache_position": torch.arange(PROMPT, device=device)} if wants_cache_position else {}
+
+    def prefill(self) -> torch.Tensor:
+        """Fill the cache with the prompt from position 0; the last position's logits."""
+        self.cache.reset()
+        out = self.model(
+            input_ids=self.prompt, attention_mask=self.prefill_mask, position_ids=self.prefill_positions,
+            past_key_values=self.cache, use_cache=True, logits_to_keep=1, **self.prefill_extra,
+        )  # fmt: skip
+        logits = out.logits[:, -1].float()
+        self.token.copy_(logits.argmax(-1, keepdim=True))
+        self.position.fill_(PROMPT)
+        self.positions.fill_(PROMPT)
+        self.mask.zero_()
+        self.mask[..., :PROMPT] = True
+        return logits
+
+    def step(self) -> None:
+        self.mask.index_fill_(3, self.position, True)
+        logits = self.compiled(
+            input_ids=self.token, attention_mask=self.mask, position_ids=self.positions,
+            past_key_values=self.cache, use_cache=True, **self.extra,
+        ).logits  # fmt: skip
+        self.token.copy_(logits[:, -1].argmax(-1, keepdim=True))
+        self.position.add_(1)
+        self.positions.add_(1)
+
+
+def _graph(fn) -> torch.cuda.CUDAGraph:
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def _replay_ms(graph: torch.cuda.CUDAGraph, times: int) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(times):
+        graph.replay()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1e3
+
+
+def measure(model, compiled, prompt: torch.Tensor, profile_kinds: bool = False) -> dict:
+    """Prefill time, first-step logits and decode tokens/s at ``prompt``'s batch.
+
+    Prefill and the decode step are each captured in a CUDA graph, so both arms are timed on
+    the device alone: eager launches would add each arm's host dispatch to its figure."""
+    run = DecodeRun(model, compiled, prompt)
+    with torch.no_grad():
+        logits = run.prefill()  # first calls of every shape (adjudication, tuning) outside capture
+        warm_start = time.perf_counter()
+        for _ in range(WARM_STEPS):
+            run.step()  # compiles on the first call
+        torch.cuda.synchronize()
+        warm_s = time.perf_counter() - warm_start
+        step_graph = _graph(run.step)
+        prefill_graph = _graph(run.prefill)
+        prefill_ms = statistics.median(_replay_ms(prefill_graph, 1) for _ in range(5))
+        prefill_graph.replay()  # the cache holds the prompt again; decode from position PROMPT
+        seconds = _replay_ms(step_graph, GENERATED) / 1e3
+        figures = {
+            "decode_tok_s": prompt.shape[0] * GENERATED / seconds,
+            "step_ms": seconds / GENERATED * 1e3,
+            "prefill_ms": prefill_ms,
+            "warm_steps_s": warm_s,
+            "logits": logits,
+        }
+        if profile_kinds:
+            figures["kernels"] = _kernel_breakdown(step_graph)
+    del step_graph, prefill_graph
+    return figures
+
+
+def _kernel_breakdown(graph: torch.cuda.CUDAGraph, replays: int = 5) -> list[dict]:
+    """Device time a step by kernel name (top 25), from the profiler over graph replays."""
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(replays):
+                graph.replay()
+            torch.cuda.synchronize()
+        totals: dict[str, float] = {}
+        for event in prof.events():
+            if event.device_type == torch.autograd.DeviceType.CUDA:
+                totals[event.name] = totals.get(event.name, 0.0) + event.device_time / replays
+        ranked = sorted(totals.items(), key=lambda kv: -kv[1])
+        return [{"kernel": name[:120], "us_per_step": us} for name, us in ranked[:25]] + [
+            {"kernel": "all", "us_per_step": sum(totals.values())}
+        ]
+    except Exception as exc:  # a profile is an aid to the note, never a reason to lose the run
+        return [{"error": f"{type(exc).__name__}: {exc}"[:300]}]
+
+
+def generate_tok_s(model, prompt: torch.Tensor, tokens: int = 64) -> float:
+    """Greedy ``generate()`` (dynamic cache, eager), host work included."""
+    with torch.no_grad():
+        model.generate(prompt, max_new_tokens=4, min_new_tokens=4, do_sample=False)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = model.generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
+        torch.cuda.synchronize()
+    assert out.shape[1] == prompt.shape[1] + tokens
+    return prompt.shape[0] * tokens / (time.perf_counter() - start)
+
+
+def _set_band(handle, band: int) -> None:
+    for seat in handle.seats:
+        if seat.kind == "experts" and seat.state == "seated":
+            seat.profile = dataclasses.replace(seat.profile, moe_band_t=band)
+
+
+def _cosine_min(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(F.cosine_similarity(a.float(), b.float(), dim=-1).min())
+
+
+def run_model(name: str, layers: int, batches: list[int], compile_model: bool, band_batches: list[int], record) -> None:
+    """Both arms of one model; ``record(figures, rows)`` after every step, so a run cut short
+    keeps what it measured."""
+    model = build(name, layers)
+    config = model.config
+    result = {
+        "model": f"{name}-shaped, random weights",
+        "layers": config.num_hidden_layers,
+        "full_depth": not layers,
+        "compiled": compile_model,
+    }
+    rows: list[dict] = []
+    banks = install_bf16_banks(model)
+    moe = banks > 0
+    result["expert_banks"] = banks
+    compiled = torch.compile(model) if compile_model else model
+    torch.manual_seed(1)
+    prompts = torch.randint(0, config.vocab_size, (max(batches), PROMPT), device="cuda")
+    bf16 = {}
+    for b in batches:
+        bf16[b] = measure(model, compiled, prompts[:b])
+        figures = bf16[b]
+        print(f"  {name} bf16  batch {b:3d}: {figures['decode_tok_s']:9.1f} tok/s  prefill {figures['prefill_ms']:.2f}")
+        result["bf16"] = {b: {k: v for k, v in f.items() if k != "logits"} for b, f in bf16.items()}
+        record(result, rows)
+    bf16_generate = generate_tok_s(model, prompts[:1])
+
+    profile = SeatProfile(parity_floor=0.98 if moe else 0.99)
+    result["parity_floor"] = profile.parity_floor
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    handle = attach(model, profile)
+    result["attach_seconds"] = handle.attach_seconds
+    result["attach_peak_bytes"] = torch.cuda.max_memory_allocated()
+    print(handle.table(), flush=True)
+    seated = [s for s in handle.seats if s.state == "seated"]
+    weight_bf16 = sum(s.bytes_before for s in seated)
+    retained = sum(s.bytes_before for s in seated if s.kind == "experts" and s.band_host)
+    packed = sum(s.bytes_after for s in seated) - retained
+    result["seats"] = {kind: sum(1 for s in seated if s.kind == kind) for kind in ("dense", "experts", "head")} | {
+        "refused": {s.name: s.reason for s in handle.seats if s.state == "refused"}
+    }
+    torch._dynamo.reset()  # the seated model is another program: no guard of the bf16 one may serve it
+    compiled = torch.compile(model) if compile_model else model
+    record(result, rows)
+    for b in batches:
+        ours = measure(model, compiled, prompts[:b], profile_kinds=b in (1, 16))
+        row = {
+            "model": name,
+            "layers": config.num_hidden_layers,
+            "batch": b,
+            "bf16_tok_s": bf16[b]["decode_tok_s"],
+            "ours_tok_s": ours["decode_tok_s"],
+            "speedup": ours["decode_tok_s"] / bf16[b]["decode_tok_s"],
+            "bf16_step_ms": bf16[b]["step_ms"],
+            "ours_step_ms": ours["step_ms"],
+            "bf16_prefill_ms": bf16[b]["prefill_ms"],
+            "ours_prefill_ms": ours["prefill_ms"],
+            "prefill_ratio": ours["prefill_ms"] / bf16[b]["prefill_ms"],
+            "weight_bytes_bf16": weight_bf16,
+            "weight_bytes_ours": packed,
+            "weight_bytes_retained_host": retained,
+            "logits_cosine": _cosine_min(ours["logits"], bf16[b]["logits"]),
+            "warm_steps_s_bf16": bf16[b]["warm_steps_s"],
+            "warm_steps_s_ours": ours["warm_steps_s"],
+        }
+        if "kernels" in ours:
+            row["ours_kernels"] = ours["kernels"]
+        rows.append(row)
+        record(result, rows)
+        print(
+            f"  {name} ours  batch {b:3d}: {row['ours_tok_s']:9.1f} tok/s  x{row['speedup']:.2f}  "
+            f"prefill x{row['prefill_ratio']:.2f}  cosine {row['logits_cosine']:.4f}",
+            flush=True,
+        )
+    result["generate_batch1"] = {"bf16_tok_s": bf16_generate, "ours_tok_s": generate_tok_s(model, prompts[:1])}
+    if moe and band_batches:
+        sweep = []
+        for b in band_batches:
+            figures = {}
+            for arm, band in (("packed", b), ("host", b - 1)):
+                _set_band(handle, band)
+                figures[arm] = measure(model, compiled, prompts[:b])["decode_tok_s"]
+            sweep.append({"batch": b, "packed_tok_s": figures["packed"], "host_tok_s": figures["host"]})
+            print(f"  {name} band  batch {b:3d}: packed {figures['packed']:9.1f}  host {figures['host']:9.1f} tok/s")
+            result["band_sweep"] = sweep
+            record(result, rows)
+        _set_band(handle, profile.moe_band_t)
+        result["band_sweep"] = sweep
+        paying = [s["batch"] for s in sweep if s["packed_tok_s"] >= s["host_tok_s"]]
+        result["band_pays_up_to"] = max(paying) if paying else 0
+    summary = handle.summary()
+    result["summary"] = {k: v for k, v in summary.items() if k != "refused"}
+    result["notes"] = handle.notes
+    record(result, rows)
+    handle.detach()
+    _BANKS.clear()
+
+
+def _run_here(names: list[str], args, out: Path, result: dict) -> None:
+    batches = [int(b) for b in args.batches.split(",")]
+    band_batches = [int(b) for b in args.band_batches.split(",") if b]
+    for name in names:
+        _run_one(name, args, batches, band_batches, out, result)
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
+
+
+def _run_one(name: str, args, batches: list[int], band_batches: list[int], out: Path, result: dict) -> None:
+    """One model into ``result``, written to ``out`` after every step; an error is recorded."""
+    start = time.perf_counter()
+    done_rows, done_models = list(result["rows"]), list(result["models"])
+    latest: dict = {"figures": {"model": name}, "rows": []}
+
+    def record(figures: dict, rows: list[dict]) -> None:
+        latest.update(figures=figures, rows=rows)
+        figures["seconds"] = time.perf_counter() - start
+        result["rows"], result["models"] = done_rows + rows, [*done_models, figures]
+        out.write_text(json.dumps(result, indent=1))
+
+    try:
+        run_model(name, args.layers, batches, not args.no_compile, band_batches, record)
+    except Exception as exc:  # one model that cannot run here must not lose the others
+        latest["figures"]["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+        print(f"  {name}: {latest['figures']['error']}", flush=True)
+        record(latest["figures"], latest["rows"])
+
+
+def _on_gpus(names: list[str], args, out: Path, result: dict) -> None:
+    """One process a model, models spread over the GPUs (each process sees one), one result."""
+    import os
+    import subprocess
+    import sys
+
+    gpus = torch.cuda.device_count()
+    rest = ["--layers", str(args.layers), "--batches", args.batches, "--band-batches", args.band_batches]
+    rest += ["--no-compile"] if args.no_compile else []
+    queues = [names[i::gpus] for i in range(gpus)]
+    procs = []
+    for gpu, queue in enumerate(queues):
+        if queue:
+            part = out.with_suffix(f".gpu{gpu}.json")
+            env = os.environ | {"CUDA_VISIBLE_DEVICES": str(gpu)}
+            cmd = [sys.executable, "-m", "flashrt.bench", "e2e", "--models", ",".join(queue), "--out", str(part), *rest]
+            procs.append((subprocess.Popen(cmd, env=env), part))
+    for proc, part in procs:
+        proc.wait()
+        if part.exists():
+            figures = json.loads(part.read_text())
+            result["rows"] += figures["rows"]
+            result["models"] += figures["models"]
+            part.unlink()
+    out.write_text(json.dumps(result, indent=1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flashrt.bench e2e")
+    parser.add_argument("--models", default="llama3-8b,qwen3-30b-a3b", help=f"of {', '.join(MODELS)}")
+    parser.add_argument("--layers", type=int, default=0, help="0: full depth")
+    parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    parser.add_argument("--band-batches", default="8,16,24,32", help="MoE band sweep: batches to measure")
+    parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("flashrt bench e2e needs a CUDA GPU: this machine has none.")
+        return 2
+    torch._dynamo.config.cache_size_limit = 64
+    import transformers
+
+    result = provenance() | {
+        "transformers": transformers.__version__,
+        "prompt_tokens": PROMPT,
+        "generated_tokens": GENERATED,
+        "models": [],
+        "rows": [],
+    }
+    gpu = result["device"].lower().replace("nvidia ", "").replace(" ", "-")
+    out = Path(args.out or Path(__file__).resolve().parent / "results" / f"{gpu}-e2e.json")
+    names = args.models.split(",")
+    if torch.cuda.device_count() > 1 and len(names) > 1:
+        _on_gpus(names, args, out, result)
+    else:
+        _run_here(names, args, out, result)
+    for model_name in {r["model"] for r in result["rows"]}:
+        speedups = [r["speedup"] for r in result["rows"] if r["model"] == model_name]
+        print(f"{model_name}: decode speedup geomean x{math.exp(sum(map(math.log, speedups)) / len(speedups)):.2f}")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

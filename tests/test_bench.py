@@ -1,0 +1,41 @@
+"""The end-to-end benchmark measures the computation a serving engine runs: its decode step
+(the one captured in a CUDA graph on the GPU) must produce ``generate()``'s greedy tokens."""
+
+import pytest
+import torch
+from flashrt.bench import e2e
+
+
+def _tiny(kind: str):
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3MoeConfig
+
+    common = dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    if kind == "dense":
+        config = LlamaConfig(intermediate_size=128, tie_word_embeddings=False, **common)
+    else:
+        config = Qwen3MoeConfig(
+            intermediate_size=128, moe_intermediate_size=32, head_dim=16, num_experts=8, num_experts_per_tok=2, **common
+        )
+    config._attn_implementation = "sdpa"
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_decode_step_reproduces_generate_greedy_tokens(kind):
+    model = _tiny(kind)
+    prompt = torch.randint(0, 512, (3, e2e.PROMPT))
+    run = e2e.DecodeRun(model, model, prompt)
+    tokens = []
+    with torch.no_grad():
+        run.prefill()
+        tokens.append(run.token.clone())
+        for _ in range(6):
+            run.step()
+            tokens.append(run.token.clone())
+        expected = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=7, do_sample=False)
+    assert torch.equal(torch.cat(tokens, 1), expected[:, e2e.PROMPT :])
+    # a second prefill starts over: the cache and the step's buffers are reset in place
+    with torch.no_grad():
+        run.prefill()
+    assert torch.equal(run.token, expected[:, e2e.PROMPT : e2e.PROMPT + 1])
+    assert int(run.position) == e2e.PROMPT
