@@ -221,12 +221,13 @@ def measure(model, compiled, prompt: torch.Tensor, profile_kinds: bool = False) 
             "logits": logits,
         }
         if profile_kinds:
+            prefill_graph.replay()  # from position PROMPT again: the cache holds PROMPT + GENERATED + WARM_STEPS
             figures["kernels"] = _kernel_breakdown(step_graph)
     del step_graph, prefill_graph
     return figures
 
 
-def _kernel_breakdown(graph: torch.cuda.CUDAGraph, replays: int = 5) -> list[dict]:
+def _kernel_breakdown(graph: torch.cuda.CUDAGraph, replays: int = WARM_STEPS) -> list[dict]:
     """Device time a step by kernel name (top 25), from the profiler over graph replays."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -289,10 +290,10 @@ def run_model(name: str, layers: int, batches: list[int], compile_model: bool, b
     prompts = torch.randint(0, config.vocab_size, (max(batches), PROMPT), device="cuda")
     bf16 = {}
     for b in batches:
-        bf16[b] = measure(model, compiled, prompts[:b])
+        bf16[b] = measure(model, compiled, prompts[:b], profile_kinds=b in (1, 16))
         figures = bf16[b]
         print(f"  {name} bf16  batch {b:3d}: {figures['decode_tok_s']:9.1f} tok/s  prefill {figures['prefill_ms']:.2f}")
-        result["bf16"] = {b: {k: v for k, v in f.items() if k != "logits"} for b, f in bf16.items()}
+        result["bf16"] = {b: {k: v for k, v in f.items() if k not in ("logits", "kernels")} for b, f in bf16.items()}
         record(result, rows)
     bf16_generate = generate_tok_s(model, prompts[:1])
 
@@ -336,7 +337,7 @@ def run_model(name: str, layers: int, batches: list[int], compile_model: bool, b
             "warm_steps_s_ours": ours["warm_steps_s"],
         }
         if "kernels" in ours:
-            row["ours_kernels"] = ours["kernels"]
+            row["ours_kernels"], row["bf16_kernels"] = ours["kernels"], bf16[b]["kernels"]
         rows.append(row)
         record(result, rows)
         print(
@@ -392,8 +393,10 @@ def _run_one(name: str, args, batches: list[int], band_batches: list[int], out: 
     try:
         run_model(name, args.layers, batches, not args.no_compile, band_batches, record)
     except Exception as exc:  # one model that cannot run here must not lose the others
+        import traceback
+
+        traceback.print_exc()
         latest["figures"]["error"] = f"{type(exc).__name__}: {exc}"[:2000]
-        print(f"  {name}: {latest['figures']['error']}", flush=True)
         record(latest["figures"], latest["rows"])
 
 
