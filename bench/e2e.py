@@ -260,6 +260,23 @@ def generate_tok_s(model, prompt: torch.Tensor, tokens: int = 64) -> float:
     return prompt.shape[0] * tokens / (time.perf_counter() - start)
 
 
+def _w4a16_logits(model, handle, prompts: torch.Tensor, batches: list[int]) -> dict[int, torch.Tensor]:
+    """First-step logits of the bf16 model with every seated weight replaced by its NVFP4 round
+    trip, computed by cuBLAS: what the packed kernels should compute. Against it the seated
+    logits check the kernels; against bf16 it is the cost of 4-bit weights alone (a deep
+    random-weight model amplifies any perturbation, so that cost says little about a trained one)."""
+    from flashrt.kernels import dequantize, quantize
+
+    with torch.no_grad():
+        for seat in handle.seats:
+            if seat.state == "detached" and not seat.spec.tied:
+                module = seat.spec.module
+                params = (module.gate_up_proj, module.down_proj) if seat.kind == "experts" else (module.weight,)
+                for param in params:
+                    param.data = dequantize(quantize(param.data), param.dtype)
+        return {b: DecodeRun(model, model, prompts[:b]).prefill() for b in batches}
+
+
 def _set_band(handle, band: int) -> None:
     for seat in handle.seats:
         if seat.kind == "experts" and seat.state == "seated":
@@ -314,9 +331,11 @@ def run_model(name: str, layers: int, batches: list[int], compile_model: bool, b
     }
     torch._dynamo.reset()  # the seated model is another program: no guard of the bf16 one may serve it
     compiled = torch.compile(model) if compile_model else model
+    ours_logits = {}
     record(result, rows)
     for b in batches:
         ours = measure(model, compiled, prompts[:b], profile_kinds=b in (1, 16))
+        ours_logits[b] = ours["logits"]
         row = {
             "model": name,
             "layers": config.num_hidden_layers,
@@ -366,6 +385,12 @@ def run_model(name: str, layers: int, batches: list[int], compile_model: bool, b
     result["notes"] = handle.notes
     record(result, rows)
     handle.detach()
+    w4a16 = _w4a16_logits(model, handle, prompts, batches)
+    for row in rows:
+        b = row["batch"]
+        row["logits_cosine_vs_w4a16"] = _cosine_min(ours_logits[b], w4a16[b])
+        row["w4a16_logits_cosine"] = _cosine_min(w4a16[b], bf16[b]["logits"])
+    record(result, rows)
     _BANKS.clear()
 
 
