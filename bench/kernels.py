@@ -41,6 +41,24 @@ MOE_SHAPES = [("qwen3-30b-a3b", 128, 8, 2048, 768), ("qwen3.5-35b-a3b", 256, 8, 
 MOE_TOKENS = [1, 4, 8, 16, 64, 256]
 
 
+def source_digest() -> str:
+    """sha256 (16 hex) of the package's Python sources by path: names the code that ran where git
+    cannot (the device's copy of the tree carried the session's first commit as its HEAD)."""
+    import hashlib
+
+    import flashrt
+
+    root = Path(flashrt.__file__).parent
+    files = {}
+    for folder, dirs, names in os.walk(root, followlinks=True):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        files |= {(Path(folder) / n).relative_to(root).as_posix(): Path(folder) / n for n in names if n.endswith(".py")}
+    digest = hashlib.sha256()
+    for name in sorted(files):
+        digest.update(name.encode() + b"\0" + files[name].read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def provenance() -> dict:
     import triton
 
@@ -60,6 +78,7 @@ def provenance() -> dict:
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
         "commit": commit,
+        "source_digest": source_digest(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
 

@@ -39,3 +39,20 @@ def test_decode_step_reproduces_generate_greedy_tokens(kind):
         run.prefill()
     assert torch.equal(run.token, expected[:, e2e.PROMPT : e2e.PROMPT + 1])
     assert int(run.position) == e2e.PROMPT
+
+
+def test_the_speedup_figure_is_drawn_from_the_committed_result(tmp_path):
+    import json
+
+    from flashrt.bench import plot_e2e
+
+    png = tmp_path / "speedup.png"
+    lines = plot_e2e.plot(plot_e2e.DEFAULT_RESULT, png)
+    rows = json.loads(plot_e2e.DEFAULT_RESULT.read_text())["rows"]
+    assert sum(len(b) for b, _ in lines.values()) == len(rows) > 0
+    for label, (batches, speedups) in lines.items():
+        assert batches == sorted(batches)
+        for b, s in zip(batches, speedups, strict=True):
+            row = next(r for r in rows if label.startswith(r["model"] + " ") and r["batch"] == b)
+            assert s == pytest.approx(row["ours_tok_s"] / row["bf16_tok_s"])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
