@@ -174,7 +174,8 @@ class DecodeRun:
             input_ids=self.token, attention_mask=self.mask, position_ids=self.positions,
             past_key_values=self.cache, use_cache=True, **self.extra,
         ).logits  # fmt: skip
-        self.token.copy_(logits[:, -1].argmax(-1, keepdim=True))
+        self.logits = logits[:, -1]
+        self.token.copy_(self.logits.argmax(-1, keepdim=True))
         self.position.add_(1)
         self.positions.add_(1)
 

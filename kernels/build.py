@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from itertools import product
 
 from flashrt.kernels import (
+    linear_dequant,
     linear_gemv,
     linear_gemv_gluon,
     linear_mma,
@@ -31,6 +32,7 @@ _ALIGNED_INTS = {
     "K",
     "stride_xm",
     "stride_om",
+    "stride_on",
     "stride_wn",
     "stride_sn",
     "stride_hm",
@@ -165,6 +167,19 @@ _QUANT_SIG = {
 }
 
 
+_DEQUANT_SIG = {
+    "packed_ptr": "*u8",
+    "scales_ptr": "*u8",
+    "global_scale_ptr": "*fp32",
+    "out_ptr": "*bf16",
+    "N": "i32",
+    "K": "i32",
+    "stride_wn": "i32",
+    "stride_sn": "i32",
+    "stride_on": "i32",
+}
+
+
 @dataclass(frozen=True)
 class Build:
     name: str
@@ -228,6 +243,10 @@ def builds() -> Iterator[Build]:
             yield from unique(
                 Build("moe_group", moe_fused.moe_group_kernel, _with_constexprs(_GROUP_SIG, consts), consts, 4, 1)
             )
+    for cfg, even_k in product(linear_dequant.configs(linear_dequant.MIN_ROWS, 4096, 4096), (True, False)):
+        consts = {"USE_PRMT": True, "EVEN_K": even_k} | {k: cfg[k] for k in ("BLOCK_N", "BLOCK_K")}
+        fn = linear_dequant.nvfp4_dequant_kernel
+        yield from unique(Build("dequant", fn, _with_constexprs(_DEQUANT_SIG, consts), consts, cfg["num_warps"], 1))
     for cfg, even_k in product(linear_w4a4.configs(1, 4096, 4096), (True, False)):
         consts = {"HAS_BIAS": False, "EVEN_K": even_k} | {k: cfg[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")}
         fn = linear_w4a4.nvfp4_linear_w4a4_kernel

@@ -17,6 +17,7 @@ import functools
 import torch
 import torch.nn.functional as F
 from flashrt.kernels import (
+    linear_dequant,
     linear_gemv,
     linear_gemv_gluon,
     linear_mma,
@@ -35,6 +36,7 @@ LINEAR_FORMS = {
     "mma": linear_mma,
     "mma_gluon": linear_mma_gluon,
     "w4a4": linear_w4a4,
+    "dequant": linear_dequant,
 }
 MOE_FORMS = {"fused": moe_fused, "gemv_gluon": moe_gemv_gluon}
 

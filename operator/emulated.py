@@ -19,6 +19,7 @@ RESOURCES = (
     ("flashrt.io/v1alpha1/seatprofiles", "SeatProfile", True),
     ("v1/pods", "Pod", True),
     ("apps/v1/deployments", "Deployment", True),
+    ("apps/v1/statefulsets", "StatefulSet", True),
     ("v1/events", "Event", True),
     ("v1/namespaces", "Namespace", False),
     ("apiextensions.k8s.io/v1/customresourcedefinitions", "CustomResourceDefinition", False),
@@ -66,7 +67,11 @@ async def running_operator(api, namespaces: list[str], cert: Path, key: Path) ->
 
     @kopf.on.login(registry=registry)
     def login(**_):
-        return kopf.ConnectionInfo(server=str(api.url))
+        from flashrt.operator import api as client
+
+        info = kopf.ConnectionInfo(server=str(api.url))
+        client.remember(info)
+        return info
 
     settings = kopf.OperatorSettings()
     settings.scanning.disabled = True

@@ -21,24 +21,27 @@ def _tiny(kind: str):
 
 
 @pytest.mark.parametrize("kind", ["dense", "moe"])
-def test_decode_step_reproduces_generate_greedy_tokens(kind):
+def test_decode_step_computes_what_a_full_forward_computes(kind):
+    """Prefill, then steps that read the static cache, the 4-D mask and the positions they advance
+    in place: each step's logits equal those of one uncached forward over the whole sequence."""
     model = _tiny(kind)
     prompt = torch.randint(0, 512, (3, e2e.PROMPT))
     run = e2e.DecodeRun(model, model, prompt)
-    tokens = []
+    tokens, logits = [], []
     with torch.no_grad():
-        run.prefill()
-        tokens.append(run.token.clone())
+        logits.append(run.prefill())
         for _ in range(6):
-            run.step()
             tokens.append(run.token.clone())
-        expected = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=7, do_sample=False)
-    assert torch.equal(torch.cat(tokens, 1), expected[:, e2e.PROMPT :])
-    # a second prefill starts over: the cache and the step's buffers are reset in place
+            run.step()
+            logits.append(run.logits.float())
+        full = model(torch.cat([prompt, *tokens], dim=1)).logits.float()
+    for i, step_logits in enumerate(logits):
+        torch.testing.assert_close(step_logits, full[:, e2e.PROMPT - 1 + i], atol=1e-4, rtol=1e-4)
+        assert torch.equal(step_logits.argmax(-1), [*tokens, run.token][i][:, 0]), "greedy: the next input"
+    assert int(run.position) == e2e.PROMPT + 6
     with torch.no_grad():
-        run.prefill()
-    assert torch.equal(run.token, expected[:, e2e.PROMPT : e2e.PROMPT + 1])
-    assert int(run.position) == e2e.PROMPT
+        run.prefill()  # starts over: the cache and the step's buffers are reset in place
+    assert torch.equal(run.token, tokens[0]) and int(run.position) == e2e.PROMPT
 
 
 def test_the_speedup_figure_is_drawn_from_the_committed_result(tmp_path):

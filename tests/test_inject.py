@@ -441,7 +441,7 @@ def test_a_profile_missing_in_the_pod_namespace_comes_from_the_operator_namespac
 
     profiles = {("flashrt-system", "default"): {"metadata": {"name": "default"}, "spec": {"moeBandT": 8}}}
     pod = vllm_production_stack_pod()
-    out, reason = decide(pod, "team-a", lambda ns, n: profiles.get((ns, n)), Settings(), "flashrt-system")
-    assert reason is None and _env(out)["FLASHRT_MOE_BAND_T"] == "8"
-    out, reason = decide(pod, "team-a", lambda ns, n: profiles.get((ns, n)), Settings())
-    assert "SeatProfile team-a/default not found" in reason
+    found = decide(pod, "team-a", lambda ns, n: profiles.get((ns, n)), Settings(), "flashrt-system")
+    assert found.reason is None and _env(found.pod)["FLASHRT_MOE_BAND_T"] == "8"
+    missing = decide(pod, "team-a", lambda ns, n: profiles.get((ns, n)), Settings())
+    assert "SeatProfile team-a/default not found" in missing.reason

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from flashrt.kernels import (
+    linear_dequant,
     linear_gemv,
     linear_gemv_gluon,
     linear_mma,
@@ -105,13 +106,20 @@ def test_quantizer_kernel_matches_reference_bit_for_bit(shape, device):
 # Each form is tested on the token counts it is offered for (the GEMVs: up to 4 tokens); the
 # Gluon GEMV needs a compiled GPU (no interpreter), CI checks its decoder in plain torch below.
 GLUON_FORMS = {"gemv_gluon": linear_gemv_gluon, "mma_gluon": linear_mma_gluon}
-LINEAR_FORMS = {"gemv": linear_gemv, "mma": linear_mma} | (GLUON_FORMS if ON_GPU else {})
-LINEAR_TOKENS = {"gemv": (1, 3), "gemv_gluon": (1, 3), "mma": (1, 3, 7, 16, 33), "mma_gluon": (1, 3, 7, 16, 33)}
+LINEAR_FORMS = {"gemv": linear_gemv, "mma": linear_mma, "dequant": linear_dequant} | (GLUON_FORMS if ON_GPU else {})
+LINEAR_TOKENS = {
+    "gemv": (1, 3),
+    "gemv_gluon": (1, 3),
+    "mma": (1, 3, 7, 16, 33),
+    "mma_gluon": (1, 3, 7, 16, 33),
+    "dequant": (64, 100),
+}
 LINEAR_CONFIGS = {
     "gemv": {"BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4, "num_stages": 2},
     "gemv_gluon": {"ROWS": 4, "GROUPS": 2, "WARPS_N": 2, "WARPS_K": 2},
     "mma": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4, "num_stages": 2},
     "mma_gluon": {"BLOCK_M": 16, "ROW_TILES": 2, "WARPS": 4, "WORDS_PER_THREAD": 4},
+    "dequant": {"BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4},
 }
 LINEAR_CASES = [(form, m, k) for form in LINEAR_FORMS for m in LINEAR_TOKENS[form] for k in (768, 2048, 4096)]
 
@@ -133,6 +141,23 @@ def test_linear_kernel_matches_reference(form, m, k, device):
     out_b = torch.full_like(out, float("nan"))
     mod.launch(x, q.packed, q.scales, q.global_scale, bias, out_b, config, _prmt(device))
     torch.testing.assert_close(out_b.float(), out.float() + bias.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("k", [768, 4000])
+def test_the_dequant_form_decodes_the_same_numbers_as_the_reference(k, device):
+    """The weight it hands cuBLAS is ``nvfp4.dequantize``'s, bit for bit on a GPU (K not a multiple
+    of the tile included), so the form differs from the reference only by the GEMM's rounding.
+    Triton's interpreter rounds float32 to bf16 toward zero, so on the CPU it is within one unit."""
+    q = nvfp4.quantize(torch.randn(300, k, dtype=torch.bfloat16, device=device))
+    expected = nvfp4.dequantize(q, torch.bfloat16).cpu()
+    for config in linear_dequant.configs(linear_dequant.MIN_ROWS, 300, k):
+        got = linear_dequant.dequantize_triton(q.packed, q.scales, q.global_scale, torch.bfloat16, config, False).cpu()
+        if ON_GPU:
+            assert torch.equal(got, expected)
+        else:
+            torch.testing.assert_close(got, expected, rtol=2**-7, atol=0)
+    assert not linear_dequant.configs(linear_dequant.MIN_ROWS - 1, 300, k), "not offered to decode-sized batches"
+    assert not linear_dequant.configs(4096, 65536, 4096), "nor where the decoded copy would be a memory spike"
 
 
 def test_gluon_gemv_bit_placement_decodes_every_e2m1_code():

@@ -10,6 +10,9 @@ import jsonpatch
 import pytest
 from flashrt.operator.constants import STATUS_ANNOTATION
 from flashrt.operator.emulated import running_operator, self_signed_certificate
+from flashrt.operator.handlers import SETTINGS
+from flashrt.operator.inject import inject
+from flashrt.operator.profile import from_object
 
 NS = "serving"
 
@@ -95,6 +98,7 @@ async def test_webhook_injects_over_https_and_every_odd_request_is_admitted(oper
     assert body["response"]["uid"] == "u-1" and body["response"]["patchType"] == "JSONPatch"
     patched = jsonpatch.apply_patch(pod, json.loads(base64.b64decode(body["response"]["patch"])))
     assert patched["metadata"]["annotations"][STATUS_ANNOTATION] == "injected"
+    assert patched == inject(pod, from_object(_profile()), SETTINGS).pod, "the answer is the pure function's"
 
     from prometheus_client import REGISTRY
 
@@ -146,3 +150,74 @@ async def test_deployment_annotation_is_propagated_into_its_pod_template(operato
 
     await _wait(lambda: (template().get("annotations") or {}).get("flashrt.io/profile") == "moe")
     assert template()["labels"] == {"app": "v", "flashrt.io/inject": "enabled"}
+
+
+def _owned_pod(name: str, owner_kind: str, owner_name: str, status: str, template_hash: str | None = None) -> dict:
+    pod = _vllm_pod(name)
+    meta = pod["metadata"]
+    meta["annotations"] = {STATUS_ANNOTATION: status}
+    owner = {"apiVersion": "apps/v1", "kind": owner_kind, "name": owner_name, "uid": f"uid-{owner_name}"}
+    meta["ownerReferences"] = [owner | {"controller": True}]
+    if template_hash:
+        meta["labels"]["pod-template-hash"] = template_hash
+    return pod
+
+
+async def _patch(kmock, path: str, body: dict) -> None:
+    headers = {"Content-Type": "application/merge-patch+json"}
+    async with aiohttp.ClientSession() as session, session.patch(f"{kmock.url}{path}", json=body, headers=headers) as r:
+        assert r.status < 300, await r.text()
+
+
+PODS = f"/api/v1/namespaces/{NS}/pods"
+
+
+async def test_profile_status_lists_the_workloads_using_it_with_their_injected_pods(operator):
+    kmock, *_ = operator
+    await _create(kmock, PROFILES, _profile())
+    await _create(kmock, PODS, _owned_pod("vllm-6d9f-a", "ReplicaSet", "vllm-6d9f", "injected", "6d9f"))
+    await _create(kmock, PODS, _owned_pod("vllm-6d9f-b", "ReplicaSet", "vllm-6d9f", "skipped: no vLLM", "6d9f"))
+    await _create(kmock, PODS, _owned_pod("moe-0", "StatefulSet", "moe", "injected"))
+
+    def status():
+        return (kmock.objects["flashrt.io/v1alpha1/seatprofiles", NS, "default"] or {}).get("status", {})
+
+    expected = [
+        {"namespace": NS, "kind": "Deployment", "name": "vllm", "pods": 2, "injectedPods": 1},
+        {"namespace": NS, "kind": "StatefulSet", "name": "moe", "pods": 1, "injectedPods": 1},
+    ]
+    await _wait(lambda: status().get("workloads") == expected)
+    assert status()["workloadCount"] == 2
+    assert status()["conditions"][0]["status"] == "True", "the workloads do not replace the rest of the status"
+
+
+async def test_rollout_on_change_restarts_the_deployments_using_the_profile_and_manual_does_not(operator):
+    kmock, *_ = operator
+    for name, rollout in (("auto", "OnChange"), ("manual", "Manual")):
+        await _create(kmock, PROFILES, _profile(name, rollout=rollout))
+        await _create(kmock, DEPLOYMENTS, {
+            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": f"vllm-{name}", "namespace": NS},
+            "spec": {"selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": {"labels": {"app": name}},
+                                  "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai"}]}}},
+        })  # fmt: skip
+        pod = _owned_pod(f"vllm-{name}-77c4-x", "ReplicaSet", f"vllm-{name}-77c4", "injected", "77c4")
+        pod["metadata"]["annotations"]["flashrt.io/profile"] = name
+        await _create(kmock, PODS, pod)
+
+    def workloads(name):
+        return (kmock.objects["flashrt.io/v1alpha1/seatprofiles", NS, name] or {}).get("status", {}).get("workloads")
+
+    def restarted(name):
+        template = kmock.objects["apps/v1/deployments", NS, f"vllm-{name}"]["spec"]["template"]["metadata"]
+        return (template.get("annotations") or {}).get("flashrt.io/restartedAt")
+
+    await _wait(lambda: workloads("auto") and workloads("manual"))
+    for name in ("auto", "manual"):
+        await _patch(kmock, f"{PROFILES}/{name}", {"spec": {"moeBandT": 8}})
+    await _wait(lambda: restarted("auto"))
+    await asyncio.sleep(1.0)  # the manual profile's handlers ran by now too
+    assert restarted("manual") is None
+    assert kmock.objects["apps/v1/deployments", NS, "vllm-auto"]["spec"]["template"]["metadata"]["labels"] == {
+        "app": "auto"
+    }, "the restart changes one annotation, nothing else"
