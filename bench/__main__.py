@@ -2,19 +2,24 @@
 python -m flashrt.bench seats [--layers N] [--tokens N] [--out PATH]
 python -m flashrt.bench e2e [--models a,b] [--layers N] [--batches 1,4,...] [--out PATH]
 python -m flashrt.bench plot-e2e [RESULT] [PNG]
+python -m flashrt.bench prefill [--out PATH]
 python -m flashrt.bench webhook [...]"""
 
 import sys
 
 
 def main() -> int:
-    if len(sys.argv) < 2 or sys.argv[1] not in {"kernels", "seats", "e2e", "plot-e2e", "webhook"}:
+    if len(sys.argv) < 2 or sys.argv[1] not in {"kernels", "seats", "e2e", "plot-e2e", "prefill", "webhook"}:
         print(__doc__)
         return 2
     if sys.argv[1] == "webhook":
         from flashrt.bench import webhook
 
         return webhook.main(sys.argv[2:])
+    if sys.argv[1] == "prefill":
+        from flashrt.bench import prefill
+
+        return prefill.main(sys.argv[2:])
     if sys.argv[1] == "plot-e2e":
         from flashrt.bench import plot_e2e
 
