@@ -47,16 +47,19 @@ def main(argv: list[str] | None = None) -> int:
             arms |= {f"mma{i}": (linear_mma, c) for i, c in enumerate(linear_mma.configs(m, n, k)[-2:])}
             for arm, (mod, config) in arms.items():
                 run = functools.partial(mod.launch, x, q.packed, q.scales, q.global_scale, None, out, config, prmt)
-                run()
-                row[f"{arm}_err"] = _rel_err(out, ref)
-                row[f"{arm}_us"] = ops._time_us(run)
+                try:
+                    run()
+                    row[f"{arm}_err"] = _rel_err(out, ref)
+                    row[f"{arm}_us"] = ops._time_us(run)
+                except Exception as exc:  # a config that does not fit this device, as the adjudicator refuses it
+                    row[f"{arm}_err"], row[f"{arm}_us"] = ops._reason(exc), float("inf")
             best = min((row[f"{a}_us"], a) for a in arms)
             row["best"], row["best_vs_bf16"] = best[1], best[0] / row["bf16_us"]
             result["rows"].append(row)
             out_path.write_text(json.dumps(result, indent=1))
             print(
                 f"{name:20s} M={m:5d} bf16 {row['bf16_us']:8.1f} us  "
-                + "  ".join(f"{a} {row[f'{a}_us']:8.1f} (err {row[f'{a}_err']:.1e})" for a in arms),
+                + "  ".join(f"{a} {row[f'{a}_us']:8.1f}" for a in arms),
                 flush=True,
             )
     print(f"wrote {out_path}")
