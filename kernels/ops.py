@@ -209,8 +209,12 @@ def choose_linear(x: torch.Tensor, packed, scales, global_scale, bias) -> Candid
         except Exception as exc:  # a config that does not build here is refused, not fatal
             return Outcome(c, refused=_reason(exc))
 
+    device_key, memo = _device_key(device.index or 0), (key, _ACTIVATIONS)
+    chosen = TUNER.recall(device_key, memo)
+    if chosen is not None:
+        return chosen
     cands = linear_candidates(m, n, k, _capability(device))
-    return TUNER.choose(_device_key(device.index or 0), key, cands, measure, _may_measure(device))
+    return TUNER.choose(device_key, key, cands, measure, _may_measure(device), memo)
 
 
 def choose_moe(hidden, gate_up, down, topk_ids, topk_weights) -> Candidate:
@@ -218,6 +222,10 @@ def choose_moe(hidden, gate_up, down, topk_ids, topk_weights) -> Candidate:
     e, two_n, _ = gate_up[0].shape
     key = f"moe:{hidden.dtype}:T{bucket(t)}:E{e}:N{two_n // 2}:K{k}:top{topk_ids.shape[1]}"
     device = hidden.device
+    device_key = _device_key(device.index or 0)
+    chosen = TUNER.recall(device_key, key)
+    if chosen is not None:
+        return chosen
     cands = [candidate(form, cfg) for form, mod in MOE_FORMS.items() for cfg in mod.configs(t, two_n // 2, k)]
 
     def measure(c: Candidate) -> Outcome:
@@ -231,7 +239,7 @@ def choose_moe(hidden, gate_up, down, topk_ids, topk_weights) -> Candidate:
         except Exception as exc:
             return Outcome(c, refused=_reason(exc))
 
-    return TUNER.choose(_device_key(device.index or 0), key, cands, measure, _may_measure(device))
+    return TUNER.choose(device_key, key, cands, measure, _may_measure(device), key)
 
 
 # -- custom ops ----------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -107,6 +107,7 @@ class Tuner:
 
     def __init__(self) -> None:
         self._choices: dict[str, dict[str, tuple[Candidate, str]]] = {}  # shape -> (winner, offered)
+        self._decided: dict[tuple[str, Hashable], Candidate] = {}  # (device, memo) -> winner
         self._notes: dict[str, tuple[str, ...]] = {}
         self._lock = threading.Lock()
 
@@ -139,6 +140,13 @@ class Tuner:
         except OSError:
             pass  # a read-only home only costs a re-measure in the next process
 
+    def recall(self, device_key: str, memo: Hashable) -> Candidate | None:
+        """The choice made for ``memo`` in this process, without building the candidates: an op
+        calls this first, because listing and fingerprinting every form's configs cost about
+        0.12 ms of host time a call (2-core development machine), paid by every eager call (transformers' ``generate()``,
+        vLLM's prefill outside CUDA graphs) if the choice were looked up through them."""
+        return self._decided.get((device_key, memo))
+
     def choose(
         self,
         device_key: str,
@@ -146,7 +154,12 @@ class Tuner:
         candidates: list[Candidate],
         measure: Callable[[Candidate], Outcome],
         may_measure: bool,
+        memo: Hashable | None = None,
     ) -> Candidate:
+        """The winner for ``shape_key`` among ``candidates``: the cached one if it was chosen
+        among the same offer, else measured (or the first candidate where measuring is not
+        allowed, during a CUDA-graph capture; that stand-in is never remembered). A decision is
+        remembered under ``memo`` (which must determine the offer) for ``recall``."""
         with self._lock:
             table = self._device_table(device_key)
             offered = _offered(candidates)
@@ -154,6 +167,8 @@ class Tuner:
             # A choice made among other candidates (an older flashrt, other configs) is re-made:
             # the cache must not pin a form this build no longer offers or has since improved.
             if cached is not None and cached_among == offered:
+                if memo is not None:
+                    self._decided[device_key, memo] = cached
                 return cached
             if not may_measure:
                 return candidates[0]
@@ -163,6 +178,8 @@ class Tuner:
                 raise RuntimeError(f"no kernel candidate qualified for {shape_key}: " + "; ".join(verdict.notes))
             table[shape_key] = (verdict.winner, offered)
             self._persist(device_key)
+            if memo is not None:
+                self._decided[device_key, memo] = verdict.winner
             return verdict.winner
 
     def notes(self, shape_key: str) -> tuple[str, ...]:

@@ -71,3 +71,23 @@ def test_a_cached_choice_is_remade_when_the_candidates_change(tmp_path, monkeypa
     assert len(measured) == 5
     assert Tuner().choose("H200", "linear:M1", [newer, A, B], measure, may_measure=True) == newer
     assert len(measured) == 5, "the same offer, in any order, reuses the choice"
+
+
+def test_a_decision_is_recalled_without_its_candidates_and_a_capture_stand_in_never_is(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHRT_CACHE_DIR", str(tmp_path))
+    A, B = candidate("gemv", {"BLOCK_N": 64}), candidate("mma", {"BLOCK_M": 16})
+
+    def measure(c):
+        return Outcome(c, {"gemv": 3.0, "mma": 5.0}[c.form], 0.999)
+
+    tuner = Tuner()
+    assert tuner.recall("H200", ("linear:M1", "auto")) is None
+    assert tuner.choose("H200", "linear:M1", [B, A], measure, may_measure=False, memo=("linear:M1", "auto")) == B
+    assert tuner.recall("H200", ("linear:M1", "auto")) is None, "a stand-in during capture is not a decision"
+    assert tuner.choose("H200", "linear:M1", [B, A], measure, may_measure=True, memo=("linear:M1", "auto")) == A
+    assert tuner.recall("H200", ("linear:M1", "auto")) == A
+    assert tuner.recall("H200", ("linear:M1", "bf16")) is None, "another offer is another decision"
+    assert tuner.recall("B200", ("linear:M1", "auto")) is None
+    fresh = Tuner()  # the next process: the file's choice, once confirmed against the offer, is recalled
+    assert fresh.choose("H200", "linear:M1", [A, B], measure, may_measure=False, memo=("linear:M1", "auto")) == A
+    assert fresh.recall("H200", ("linear:M1", "auto")) == A
