@@ -141,10 +141,10 @@ class Tuner:
             pass  # a read-only home only costs a re-measure in the next process
 
     def recall(self, device_key: str, memo: Hashable) -> Candidate | None:
-        """The choice made for ``memo`` in this process, without building the candidates: an op
-        calls this first, because listing and fingerprinting every form's configs cost about
-        0.12 ms of host time a call (2-core development machine), paid by every eager call (transformers' ``generate()``,
-        vLLM's prefill outside CUDA graphs) if the choice were looked up through them."""
+        """The choice made for ``memo`` in this process, without building the candidates. An op
+        calls this first: listing and fingerprinting every form's configs cost 0.12 ms of host
+        time a call on the 2-core development machine, paid by every eager call (transformers'
+        ``generate()``, vLLM's prefill outside CUDA graphs) if choices were looked up through them."""
         return self._decided.get((device_key, memo))
 
     def choose(
