@@ -7,8 +7,9 @@ Run with ``kopf run -m flashrt.operator.handlers`` (the chart does). What each h
   error in words, ``observedGeneration``, the workloads using it).
 * Labelled pods are indexed too (``labelled_pods``); each of their events rewrites the
   ``workloads`` of the profile they use when it changed (``workloads.profile_workloads``).
-* A profile with ``rollout: OnChange`` whose spec changes restarts the Deployments and
-  StatefulSets using it, as ``kubectl rollout restart`` does, with an Event for each.
+* A profile with ``rollout: OnChange`` whose spec changes restarts the Deployments,
+  StatefulSets and LeaderWorkerSets using it, as ``kubectl rollout restart`` does, with an
+  Event for each.
 * ``mutate_pod``: pod CREATE, only pods labelled ``flashrt.io/inject: enabled`` (also the
   webhook's objectSelector). Never denies; a skip gets an Event on the pod's owner.
 * A Deployment whose own metadata carries ``flashrt.io/profile`` gets it copied into its pod
@@ -139,7 +140,7 @@ async def rollout(body, namespace, name, labelled_pods: kopf.Index, profiles: ko
             continue
         group_version, plural = resource.rsplit("/", 1)
         path = f"/apis/{group_version}/namespaces/{workload['namespace']}/{plural}/{workload['name']}"
-        if await api.merge_patch(path, workloads.restart_patch(when)) < 300:
+        if await api.merge_patch(path, workloads.restart_patch(workload["kind"], when)) < 300:
             kopf.info(
                 body,
                 reason="FlashrtRollout",

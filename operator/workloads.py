@@ -3,8 +3,9 @@
 A pod names its profile (``flashrt.io/profile``, default ``default``) and carries the webhook's
 ``flashrt.io/status``. Its owner reference gives the workload: a ReplicaSet's pod belongs to the
 Deployment named by the ReplicaSet's name without its ``-<pod-template-hash>`` suffix (the pod
-carries that label), so no ReplicaSet is read; any other owner (StatefulSet, DaemonSet, Job,
-LeaderWorkerSet) is the workload itself; a bare pod is its own workload.
+carries that label), so no ReplicaSet is read; a LeaderWorkerSet's pods (owned by the
+StatefulSets it makes) carry its name in ``leaderworkerset.sigs.k8s.io/name``; any other owner
+(StatefulSet, DaemonSet, Job) is the workload itself; a bare pod is its own workload.
 
 A pod uses the profile of its name in its own namespace, or else the one in the operator's
 namespace (the chart's shared ``default``), as the webhook resolves it.
@@ -19,8 +20,14 @@ from flashrt.operator.constants import DEFAULT_PROFILE, PROFILE_ANNOTATION, STAT
 ProfileKey = tuple[str, str]  # (namespace, name)
 
 
+LWS_LABEL = "leaderworkerset.sigs.k8s.io/name"
+
+
 def workload_of(meta: Mapping) -> tuple[str, str]:
     """(kind, name) of the workload that owns a pod."""
+    lws = (meta.get("labels") or {}).get(LWS_LABEL)
+    if lws:
+        return "LeaderWorkerSet", lws
     owners = [o for o in meta.get("ownerReferences") or [] if o.get("controller", True)]
     if not owners:
         return "Pod", meta.get("name", "")
@@ -76,9 +83,18 @@ def profile_workloads(
 
 
 RESTART_ANNOTATION = "flashrt.io/restartedAt"
-RESTARTABLE = {"Deployment": "apps/v1/deployments", "StatefulSet": "apps/v1/statefulsets"}
+RESTARTABLE = {
+    "Deployment": "apps/v1/deployments",
+    "StatefulSet": "apps/v1/statefulsets",
+    "LeaderWorkerSet": "leaderworkerset.x-k8s.io/v1/leaderworkersets",
+}
 
 
-def restart_patch(when: str) -> dict:
-    """What ``kubectl rollout restart`` does: a template annotation change rolls the pods."""
-    return {"spec": {"template": {"metadata": {"annotations": {RESTART_ANNOTATION: when}}}}}
+def restart_patch(kind: str, when: str) -> dict:
+    """What ``kubectl rollout restart`` does: a pod-template annotation change rolls the pods.
+    A LeaderWorkerSet has two templates (leader and workers); both change, so a group restarts
+    whole."""
+    annotate = {"metadata": {"annotations": {RESTART_ANNOTATION: when}}}
+    if kind == "LeaderWorkerSet":
+        return {"spec": {"leaderWorkerTemplate": {"leaderTemplate": annotate, "workerTemplate": annotate}}}
+    return {"spec": {"template": annotate}}

@@ -445,3 +445,56 @@ def test_a_profile_missing_in_the_pod_namespace_comes_from_the_operator_namespac
     assert found.reason is None and _env(found.pod)["FLASHRT_MOE_BAND_T"] == "8"
     missing = decide(pod, "team-a", lambda ns, n: profiles.get((ns, n)), Settings())
     assert "SeatProfile team-a/default not found" in missing.reason
+
+
+def test_workloads_are_named_from_the_pods_owner_and_counted_for_the_profile_they_resolve_to():
+    from flashrt.operator import workloads
+
+    def meta(name, ns, owner=None, labels=None, status="injected", profile=None):
+        m = {"name": name, "namespace": ns, "labels": labels or {}, "annotations": {STATUS_ANNOTATION: status}}
+        if owner:
+            m["ownerReferences"] = [{"kind": owner[0], "name": owner[1], "controller": True}]
+        if profile:
+            m["annotations"]["flashrt.io/profile"] = profile
+        return m
+
+    pods = [
+        meta("web-7f9c-1", "team-a", ("ReplicaSet", "web-7f9c"), {"pod-template-hash": "7f9c"}),
+        meta("web-7f9c-2", "team-a", ("ReplicaSet", "web-7f9c"), {"pod-template-hash": "7f9c"}, "skipped: x"),
+        meta("moe-0", "team-a", ("StatefulSet", "moe")),
+        meta("big-0", "team-b", ("StatefulSet", "big-0"), {workloads.LWS_LABEL: "big"}),
+        meta("solo", "team-b"),
+        meta("rs-1", "team-b", ("ReplicaSet", "rs")),
+        meta("local-0", "team-c", ("StatefulSet", "local")),
+    ]
+    index: dict = {}
+    for m in pods:
+        key, entry = workloads.pod_entry(m["namespace"], m)
+        index.setdefault(key, []).append(entry)
+    assert [workloads.workload_of(m) for m in pods] == [
+        ("Deployment", "web"), ("Deployment", "web"), ("StatefulSet", "moe"), ("LeaderWorkerSet", "big"),
+        ("Pod", "solo"), ("ReplicaSet", "rs"), ("StatefulSet", "local"),
+    ]  # fmt: skip
+    local_profiles = {("team-c", "default"), ("flashrt-system", "default")}
+
+    def has(ns, name):
+        return (ns, name) in local_profiles
+
+    shared = workloads.profile_workloads(("flashrt-system", "default"), index, has, "flashrt-system")
+    assert [(w["namespace"], w["kind"], w["name"], w["pods"], w["injectedPods"]) for w in shared] == [
+        ("team-a", "Deployment", "web", 2, 1), ("team-a", "StatefulSet", "moe", 1, 1),
+        ("team-b", "LeaderWorkerSet", "big", 1, 1), ("team-b", "Pod", "solo", 1, 1),
+        ("team-b", "ReplicaSet", "rs", 1, 1),
+    ]  # fmt: skip
+    assert [w["name"] for w in workloads.profile_workloads(("team-c", "default"), index, has, "flashrt-system")] == [
+        "local"
+    ], "a namespace's own profile serves its pods; the shared one does not count them"
+
+
+def test_a_restart_changes_one_pod_template_annotation_per_template():
+    from flashrt.operator.workloads import RESTART_ANNOTATION, restart_patch
+
+    deployment = restart_patch("Deployment", "t")
+    assert deployment == {"spec": {"template": {"metadata": {"annotations": {RESTART_ANNOTATION: "t"}}}}}
+    lws = restart_patch("LeaderWorkerSet", "t")["spec"]["leaderWorkerTemplate"]
+    assert lws["leaderTemplate"] == lws["workerTemplate"] == {"metadata": {"annotations": {RESTART_ANNOTATION: "t"}}}
