@@ -14,11 +14,12 @@ import ssl
 import tempfile
 
 _CONNECTION = None  # kopf.ConnectionInfo
+_RELOGIN = None  # how to log in again when the API answers 401 (a rotated service-account token)
 
 
-def remember(info) -> None:
-    global _CONNECTION
-    _CONNECTION = info
+def remember(info, relogin=None) -> None:
+    global _CONNECTION, _RELOGIN
+    _CONNECTION, _RELOGIN = info, relogin
 
 
 def _data(value: str | bytes) -> bytes:
@@ -52,7 +53,20 @@ def _ssl_context(info) -> ssl.SSLContext | bool:
 
 
 async def merge_patch(path: str, body: dict) -> int:
-    """PATCH ``path`` (``/apis/...``) with a JSON merge patch; the HTTP status (404: gone)."""
+    """PATCH ``path`` (``/apis/...``) with a JSON merge patch; the HTTP status (404: gone). A 401
+    logs in again once (kubelet rotates projected service-account tokens) and retries."""
+    status = await _patch_once(path, body)
+    if status == 401 and _RELOGIN is not None:
+        info = _RELOGIN()
+        if info is not None:
+            remember(info, _RELOGIN)
+            status = await _patch_once(path, body)
+    if status >= 300 and status != 404:
+        raise RuntimeError(f"PATCH {path}: HTTP {status}")
+    return status
+
+
+async def _patch_once(path: str, body: dict) -> int:
     import aiohttp
 
     info = _CONNECTION
@@ -66,6 +80,4 @@ async def merge_patch(path: str, body: dict) -> int:
         aiohttp.ClientSession(auth=auth) as session,
         session.patch(info.server.rstrip("/") + path, json=body, headers=headers, ssl=_ssl_context(info)) as r,
     ):
-        if r.status >= 300 and r.status != 404:
-            raise RuntimeError(f"PATCH {path}: HTTP {r.status}: {(await r.text())[:300]}")
         return r.status

@@ -67,9 +67,13 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
 @kopf.on.login()
 def login(**kwargs):
     """kopf's own service-account and kubeconfig logins, remembered for ``api``'s writes."""
-    info = kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+    def fresh():
+        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+    info = fresh()
     if info is not None:
-        api.remember(info)
+        api.remember(info, relogin=fresh)
     return info
 
 

@@ -221,3 +221,32 @@ async def test_rollout_on_change_restarts_the_deployments_using_the_profile_and_
     assert kmock.objects["apps/v1/deployments", NS, "vllm-auto"]["spec"]["template"]["metadata"]["labels"] == {
         "app": "auto"
     }, "the restart changes one annotation, nothing else"
+
+
+async def test_the_operator_writes_with_its_token_and_logs_in_again_when_it_rotated():
+    import kopf
+    from aiohttp import web
+    from flashrt.operator import api
+    from flashrt.operator.emulated import free_port
+
+    seen = []
+
+    async def handler(request):
+        seen.append((request.headers.get("Authorization"), request.content_type, await request.json()))
+        return web.Response(status=401 if len(seen) == 1 else 200)
+
+    app = web.Application()
+    app.router.add_patch("/{tail:.*}", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    server = f"http://127.0.0.1:{port}"
+    try:
+        rotated = kopf.ConnectionInfo(server=server, token="new")
+        api.remember(kopf.ConnectionInfo(server=server, token="old"), relogin=lambda: rotated)
+        assert await api.merge_patch("/apis/apps/v1/namespaces/n/deployments/d", {"spec": {}}) == 200
+    finally:
+        await runner.cleanup()
+    assert [s[0] for s in seen] == ["Bearer old", "Bearer new"]
+    assert seen[1][1:] == ("application/merge-patch+json", {"spec": {}})
