@@ -378,7 +378,6 @@ def run_model(name: str, layers: int, batches: list[int], compile_model: bool, b
             result["band_sweep"] = sweep
             record(result, rows)
         _set_band(handle, profile.moe_band_t)
-        result["band_sweep"] = sweep
         paying = [s["batch"] for s in sweep if s["packed_tok_s"] >= s["host_tok_s"]]
         result["band_pays_up_to"] = max(paying) if paying else 0
     summary = handle.summary()

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # One call on a GPU machine with torch and Triton but no flashrt installed: the GPU test suite,
-# then the benchmark. Usage: bench/gpu_run.sh OUTDIR [bench args...]
+# then one benchmark. Usage: bench/gpu_run.sh OUTDIR [kernels|e2e|prefill|seats] [bench args...]
+# (default: kernels). Set FLASHRT_COMMIT to the commit sent: a copied tree's git may name another.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:?usage: bench/gpu_run.sh OUTDIR [bench args]}; shift
+out=${1:?usage: bench/gpu_run.sh OUTDIR [kernels|e2e|prefill|seats] [bench args]}; shift
+bench=kernels
+case "${1:-}" in kernels|e2e|prefill|seats) bench=$1; shift ;; esac
 site=$(mktemp -d)
 mkdir -p "$site/flashrt"
 cp "$root"/src/*.py "$site/flashrt/"
@@ -11,4 +14,4 @@ for part in kernels runtime operator bench; do ln -s "$root/$part" "$site/flashr
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/nvidia-smi.txt"
 (cd "$root" && python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py 2>&1 | tail -40) | tee "$out/gpu-tests.log"
-python3 -m flashrt.bench kernels --out "$out/h200-kernels.json" "$@" 2>&1 | tee "$out/bench.log"
+python3 -m flashrt.bench "$bench" --out "$out/$bench.json" "$@" 2>&1 | tee "$out/$bench.log"
