@@ -14,12 +14,13 @@ import ssl
 import tempfile
 
 _CONNECTION = None  # kopf.ConnectionInfo
+_SSL: ssl.SSLContext | bool = False  # built once a login, not once a request
 _RELOGIN = None  # how to log in again when the API answers 401 (a rotated service-account token)
 
 
 def remember(info, relogin=None) -> None:
-    global _CONNECTION, _RELOGIN
-    _CONNECTION, _RELOGIN = info, relogin
+    global _CONNECTION, _SSL, _RELOGIN
+    _CONNECTION, _SSL, _RELOGIN = info, _ssl_context(info), relogin
 
 
 def _data(value: str | bytes) -> bytes:
@@ -78,6 +79,6 @@ async def _patch_once(path: str, body: dict) -> int:
     auth = aiohttp.BasicAuth(info.username, info.password or "") if info.username else None
     async with (
         aiohttp.ClientSession(auth=auth) as session,
-        session.patch(info.server.rstrip("/") + path, json=body, headers=headers, ssl=_ssl_context(info)) as r,
+        session.patch(info.server.rstrip("/") + path, json=body, headers=headers, ssl=_SSL) as r,
     ):
         return r.status
