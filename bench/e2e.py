@@ -278,6 +278,59 @@ def _w4a16_logits(model, handle, prompts: torch.Tensor, batches: list[int]) -> d
         return {b: DecodeRun(model, model, prompts[:b]).prefill() for b in batches}
 
 
+def _fake_quant_rows(x: torch.Tensor) -> torch.Tensor:
+    """Rows of ``x`` through per-token NVFP4 (the W4A4 forms' activation quantizer) and back."""
+    from flashrt.kernels import dequantize
+    from flashrt.kernels.nvfp4 import NVFP4Weight
+    from flashrt.kernels.quantizer import quantize_rows
+
+    q = quantize_rows(x.reshape(-1, x.shape[-1]))
+    rows = NVFP4Weight(q.packed[:, None], q.scales[:, None], q.global_scale)
+    return dequantize(rows, x.dtype)[:, 0].reshape(x.shape)
+
+
+def _w4a4_bank(module, hidden: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """The W4A4 expert bank's arithmetic (``moe_w4a4``) on the round-tripped weights: per-token
+    NVFP4 ``hidden``, then per expert ``silu(gate) * up`` in bf16 quantized per row, down."""
+    w13, w2 = module.gate_up_proj, module.down_proj
+    n = w2.shape[-1]
+    x = _fake_quant_rows(hidden)
+    flat, slot_weights = ids.reshape(-1), weights.reshape(-1).float()
+    tokens = torch.arange(hidden.shape[0], device=hidden.device).repeat_interleave(ids.shape[1])
+    out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
+    for expert in flat.unique().tolist():
+        pairs = (flat == expert).nonzero()[:, 0]
+        y = x[tokens[pairs]].float() @ w13[expert].float().t()
+        h = _fake_quant_rows((F.silu(y[:, :n]) * y[:, n:]).to(hidden.dtype))
+        out.index_add_(0, tokens[pairs], (h.float() @ w2[expert].float().t()) * slot_weights[pairs, None])
+    return out.to(hidden.dtype)
+
+
+def _w4a4_logits(model, handle, prompts: torch.Tensor, batches: list[int]) -> dict[int, torch.Tensor]:
+    """First-step logits with the W4A4 forms' arithmetic emulated in torch, after
+    ``_w4a16_logits`` has round-tripped the seated weights: every seated projection's input
+    quantized per token to NVFP4, expert banks through ``_w4a4_bank``. The H200 has no FP4
+    tensor cores, so this is the accuracy cost of NVFP4 activations measured where the models run."""
+    hooks, banks = [], []
+    for seat in handle.seats:
+        if seat.state != "detached" or seat.spec.tied:  # as _w4a16_logits: a tied head stays bf16
+            continue
+        module = seat.spec.module
+        if seat.kind == "experts":
+            banks.append((module, module.forward))
+            module.forward = functools.partial(_w4a4_bank, module)
+        else:
+            hooks.append(module.register_forward_pre_hook(lambda mod, args: (_fake_quant_rows(args[0]), *args[1:])))
+    try:
+        with torch.no_grad():
+            return {b: DecodeRun(model, model, prompts[:b]).prefill() for b in batches}
+    finally:
+        for hook in hooks:
+            hook.remove()
+        for module, forward in banks:
+            module.forward = forward
+
+
 def _set_band(handle, band: int) -> None:
     for seat in handle.seats:
         if seat.kind == "experts" and seat.state == "seated":
@@ -390,6 +443,12 @@ def run_model(name: str, layers: int, batches: list[int], compile_model: bool, b
         b = row["batch"]
         row["logits_cosine_vs_w4a16"] = _cosine_min(ours_logits[b], w4a16[b])
         row["w4a16_logits_cosine"] = _cosine_min(w4a16[b], bf16[b]["logits"])
+    record(result, rows)
+    w4a4 = _w4a4_logits(model, handle, prompts, batches)
+    for row in rows:
+        b = row["batch"]
+        row["w4a4_logits_cosine"] = _cosine_min(w4a4[b], bf16[b]["logits"])
+        row["w4a4_logits_cosine_vs_w4a16"] = _cosine_min(w4a4[b], w4a16[b])
     record(result, rows)
     _BANKS.clear()
 

@@ -21,12 +21,17 @@ from flashrt.kernels import (
     linear_w4a4,
     moe_fused,
     moe_gemv_gluon,
+    moe_w4a4,
     quantizer,
 )
 
 TARGETS = (90, 100, 110, 120)
 _ALIGNED_INTS = {
     "stride_xsm",
+    "stride_hsm",
+    "stride_ym",
+    "stride_pm",
+    "stride_sm",
     "stride_wsn",
     "N",
     "K",
@@ -167,6 +172,67 @@ _QUANT_SIG = {
 }
 
 
+_QUANT_ROWS_SIG = {
+    "x_ptr": "*bf16",
+    "packed_ptr": "*u8",
+    "scales_ptr": "*u8",
+    "global_scale_ptr": "*fp32",
+    "K": "i32",
+    "stride_xm": "i32",
+    "stride_pm": "i32",
+    "stride_sm": "i32",
+}
+_MOE_GATE_UP_W4A4_SIG = {
+    "xq_ptr": "*u8",
+    "xs_ptr": "*u8",
+    "xg_ptr": "*fp32",
+    "packed_ptr": "*u8",
+    "scales_ptr": "*u8",
+    "global_scale_ptr": "*fp32",
+    "sorted_pairs_ptr": "*i32",
+    "expert_offsets_ptr": "*i32",
+    "expert_counts_ptr": "*i32",
+    "h_ptr": "*bf16",
+    "N": "i32",
+    "K": "i32",
+    "E": "i32",
+    "TOP_K": "i32",
+    "stride_xm": "i32",
+    "stride_xsm": "i32",
+    "stride_hm": "i32",
+    "stride_wn": "i32",
+    "stride_sn": "i32",
+}
+_MOE_DOWN_W4A4_SIG = {
+    "hq_ptr": "*u8",
+    "hs_ptr": "*u8",
+    "hg_ptr": "*fp32",
+    "packed_ptr": "*u8",
+    "scales_ptr": "*u8",
+    "global_scale_ptr": "*fp32",
+    "sorted_pairs_ptr": "*i32",
+    "topk_weights_ptr": "*bf16",
+    "expert_offsets_ptr": "*i32",
+    "expert_counts_ptr": "*i32",
+    "y_ptr": "*fp32",
+    "N": "i32",
+    "K": "i32",
+    "E": "i32",
+    "stride_hm": "i32",
+    "stride_hsm": "i32",
+    "stride_ym": "i32",
+    "stride_wn": "i32",
+    "stride_sn": "i32",
+}
+_MOE_REDUCE_SIG = {
+    "y_ptr": "*fp32",
+    "pair_rows_ptr": "*i32",
+    "out_ptr": "*bf16",
+    "K": "i32",
+    "TOP_K": "i32",
+    "stride_ym": "i32",
+    "stride_om": "i32",
+}
 _DEQUANT_SIG = {
     "packed_ptr": "*u8",
     "scales_ptr": "*u8",
@@ -248,7 +314,8 @@ def builds() -> Iterator[Build]:
         fn = linear_dequant.nvfp4_dequant_kernel
         yield from unique(Build("dequant", fn, _with_constexprs(_DEQUANT_SIG, consts), consts, cfg["num_warps"], 1))
     for cfg, even_k in product(linear_w4a4.configs(1, 4096, 4096), (True, False)):
-        consts = {"HAS_BIAS": False, "EVEN_K": even_k} | {k: cfg[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")}
+        consts = {"HAS_BIAS": False, "EVEN_K": even_k, "INTERPRETED": False}
+        consts |= {k: cfg[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")}
         fn = linear_w4a4.nvfp4_linear_w4a4_kernel
         sig = _with_constexprs(_W4A4_SIG, consts)
         yield from unique(Build("linear_w4a4", fn, sig, consts, cfg["num_warps"], cfg["num_stages"]))
@@ -264,6 +331,23 @@ def builds() -> Iterator[Build]:
             yield from unique(
                 Build("moe_down_gemv", fn, _with_constexprs(_MOE_DOWN_GEMV_SIG, consts), consts, warps, 1)
             )
+    for t in _TOKENS:
+        for cfg, even_k in product(moe_w4a4.configs(t, 768, 2048), (True, False)):
+            common = {"EVEN_K": even_k, "INTERPRETED": False, "E_POW2": 128, "BLOCK_M": cfg["BLOCK_M"]}
+            consts = common | {"BLOCK_N": cfg["BLOCK_N"], "BLOCK_K": cfg["BLOCK_K"]}
+            fn = moe_w4a4.moe_gate_up_w4a4_kernel
+            sig = _with_constexprs(_MOE_GATE_UP_W4A4_SIG, consts)
+            yield from unique(Build("moe_gate_up_w4a4", fn, sig, consts, cfg["num_warps"], cfg["num_stages"]))
+            consts = common | {"BLOCK_N": cfg["DOWN_BLOCK_N"], "BLOCK_K": cfg["DOWN_BLOCK_K"]}
+            fn = moe_w4a4.moe_down_w4a4_kernel
+            sig = _with_constexprs(_MOE_DOWN_W4A4_SIG, consts)
+            yield from unique(Build("moe_down_w4a4", fn, sig, consts, cfg["num_warps"], cfg["num_stages"]))
+    consts = {"BLOCK": moe_w4a4.REDUCE_BLOCK}
+    fn = moe_w4a4.moe_reduce_kernel
+    yield from unique(Build("moe_reduce", fn, _with_constexprs(_MOE_REDUCE_SIG, consts), consts, 4, 1))
+    consts = {"BLOCK_GROUPS": quantizer.ROW_GROUPS}
+    fn = quantizer.quantize_rows_kernel
+    yield from unique(Build("quantize_rows", fn, _with_constexprs(_QUANT_ROWS_SIG, consts), consts, 4, 1))
     consts = {"BLOCK_ROWS": 16, "BLOCK_GROUPS": 16}
     yield from unique(Build("quantize", quantizer.quantize_kernel, _with_constexprs(_QUANT_SIG, consts), consts, 4, 1))
     consts = {"BLOCK": quantizer.AMAX_BLOCK}

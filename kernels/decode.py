@@ -159,6 +159,67 @@ def load_nvfp4_halves(
 
 
 @triton.jit
+def load_nvfp4_codes(
+    packed_ptr,
+    scales_ptr,
+    rows,
+    row_mask,
+    K,
+    k0,
+    stride_row,
+    stride_srow,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+):
+    """(codes ``uint8 [R, BLOCK_K/2]``, scale bytes ``uint8 [R, BLOCK_K/16]``) of NVFP4 ``rows``
+    (int64) at ``k0``, undecoded: the operands of ``dot_nvfp4``. Masked rows read zero scales, so
+    they add nothing to a product."""
+    HALF_K: tl.constexpr = BLOCK_K // 2
+    GROUPS: tl.constexpr = BLOCK_K // 16
+    byte = tl.multiple_of(k0 // 2, HALF_K) + tl.arange(0, HALF_K)
+    group = tl.multiple_of(k0 // 16, GROUPS) + tl.arange(0, GROUPS)
+    if EVEN_K:
+        byte_mask = row_mask[:, None]
+        group_mask = row_mask[:, None]
+    else:
+        byte_mask = row_mask[:, None] & (byte[None, :] < K // 2)
+        group_mask = row_mask[:, None] & (group[None, :] < K // 16)
+    codes = tl.load(packed_ptr + rows[:, None] * stride_row + byte[None, :], mask=byte_mask, other=0)
+    scales = tl.load(scales_ptr + rows[:, None] * stride_srow + group[None, :], mask=group_mask, other=0)
+    return codes, scales
+
+
+@triton.jit
+def _decoded_halves(codes, scales):
+    R: tl.constexpr = codes.shape[0]
+    HALF_K: tl.constexpr = codes.shape[1]
+    GROUPS: tl.constexpr = scales.shape[1]
+    scale = tl.reshape(tl.broadcast_to(e4m3_to_bf16(scales)[:, :, None], (R, GROUPS, 8)), (R, HALF_K))
+    lo, hi = decode_arith(codes, scale)
+    return lo.to(tl.float32), hi.to(tl.float32)
+
+
+@triton.jit
+def dot_nvfp4(a_codes, a_scales, b_codes, b_scales, acc, INTERPRETED: tl.constexpr):
+    """``acc + A @ B^T`` for two NVFP4 tiles as ``load_nvfp4_codes`` gives them (``A [M, K]``,
+    ``B [N, K]``; codes packed along K, one E4M3 scale per 16): ``tl.dot_scaled`` with both
+    operands E2M1, which is the block-scaled FP4 tensor-core instruction on compute 10 and up.
+
+    Triton's interpreter reads ``dot_scaled`` scales as e8m0, so interpreted runs decode both
+    tiles exactly (``e2m1 * scale`` fits bf16) and multiply in fp32: the same products and the
+    same fp32 accumulation, which is how CI checks the W4A4 kernels' indexing on the CPU."""
+    if INTERPRETED:
+        a_lo, a_hi = _decoded_halves(a_codes, a_scales)
+        b_lo, b_hi = _decoded_halves(b_codes, b_scales)
+        acc = tl.dot(a_lo, tl.trans(b_lo), acc)
+        return tl.dot(a_hi, tl.trans(b_hi), acc)
+    else:
+        a_s = a_scales.to(tl.float8e4nv, bitcast=True)
+        b_s = b_scales.to(tl.float8e4nv, bitcast=True)
+        return tl.dot_scaled(a_codes, a_s, "e2m1", tl.trans(b_codes), b_s, "e2m1", acc)
+
+
+@triton.jit
 def load_bf16_halves(
     w_ptr, rows, n_mask, K, k0, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr
 ):
@@ -257,8 +318,10 @@ __all__ = [
     "decode_arith",
     "decode_prmt",
     "dot",
+    "dot_nvfp4",
     "e4m3_to_bf16",
     "interpreted",
+    "load_nvfp4_codes",
     "placed_pairs",
     "shift_ptx",
     "use_prmt",

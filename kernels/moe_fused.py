@@ -21,6 +21,8 @@ Only the experts that the tokens route to are read: at one token that is 8 of 12
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -73,7 +75,7 @@ def moe_group_kernel(
 
 
 @triton.jit
-def _block_expert(expert_offsets_ptr, expert_counts_ptr, row_start, E, E_POW2: tl.constexpr):
+def block_expert(expert_offsets_ptr, expert_counts_ptr, row_start, E, E_POW2: tl.constexpr):
     """The expert whose padded run holds ``row_start`` (E when past the last run), and its end."""
     offs_e = tl.arange(0, E_POW2)
     ends = tl.load(expert_offsets_ptr + 1 + offs_e, mask=offs_e < E, other=2**30)
@@ -117,7 +119,7 @@ def moe_gate_up_kernel(
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     row_start = pid_m * BLOCK_M
-    e, e_safe, valid_end = _block_expert(expert_offsets_ptr, expert_counts_ptr, row_start, E, E_POW2)
+    e, e_safe, valid_end = block_expert(expert_offsets_ptr, expert_counts_ptr, row_start, E, E_POW2)
     if e >= E:
         return
     HALF_K: tl.constexpr = BLOCK_K // 2
@@ -246,6 +248,48 @@ def max_rows(pairs: int, experts: int, block_m: int) -> int:
     return triton.cdiv(pairs, block_m) * block_m + min(experts, pairs) * block_m
 
 
+class Grouping(NamedTuple):
+    """Token-expert pairs in expert order: each routed expert's run starts at
+    ``expert_offsets[e]`` (padded to BLOCK_M rows) and holds ``expert_counts[e]`` pairs;
+    ``sorted_pairs[row]`` is the pair (``token * top_k + slot``) a row holds, ``pair_rows[pair]``
+    the row a pair landed on, ``rows`` the rows allocated (``max_rows``)."""
+
+    expert_offsets: torch.Tensor
+    expert_counts: torch.Tensor
+    sorted_pairs: torch.Tensor
+    pair_rows: torch.Tensor
+    rows: int
+
+
+def group_pairs(topk_ids: torch.Tensor, experts: int, block_m: int) -> Grouping:
+    """The ``group`` launch: one program per 128 pairs."""
+    pairs = topk_ids.numel()
+    rows = max_rows(pairs, experts, block_m)
+    device = topk_ids.device
+    g = Grouping(
+        torch.empty(experts + 1, dtype=torch.int32, device=device),
+        torch.empty(experts, dtype=torch.int32, device=device),
+        torch.empty(rows, dtype=torch.int32, device=device),
+        torch.empty(pairs, dtype=torch.int32, device=device),
+        rows,
+    )
+    block_pairs = min(GROUP_PAIRS, max(16, triton.next_power_of_2(pairs)))
+    moe_group_kernel[(triton.cdiv(pairs, block_pairs),)](
+        topk_ids.reshape(-1),
+        g.expert_offsets,
+        g.expert_counts,
+        g.sorted_pairs,
+        g.pair_rows,
+        pairs,
+        experts,
+        E_POW2=triton.next_power_of_2(experts),
+        BLOCK_PAIRS=block_pairs,
+        BLOCK_M=block_m,
+        num_warps=4,
+    )
+    return g
+
+
 def launch(
     hidden: torch.Tensor,
     gate_up: tuple,
@@ -268,39 +312,18 @@ def launch(
     e, two_n, _ = gu_packed.shape
     n = two_n // 2
     top_k = topk_ids.shape[1]
-    pairs = t * top_k
     block_m = config["BLOCK_M"]
-    rows = max_rows(pairs, e, block_m)
-    device = hidden.device
-    expert_offsets = torch.empty(e + 1, dtype=torch.int32, device=device)
-    expert_counts = torch.empty(e, dtype=torch.int32, device=device)
-    sorted_pairs = torch.empty(rows, dtype=torch.int32, device=device)
-    pair_rows = torch.empty(pairs, dtype=torch.int32, device=device)
-    h = torch.empty(rows, n, dtype=torch.bfloat16, device=device)
-    e_pow2 = triton.next_power_of_2(e)
-    block_pairs = min(GROUP_PAIRS, max(16, triton.next_power_of_2(pairs)))
+    g = group_pairs(topk_ids, e, block_m)
+    h = torch.empty(g.rows, n, dtype=torch.bfloat16, device=hidden.device)
     topk_flat = topk_ids.reshape(-1)
-    moe_group_kernel[(triton.cdiv(pairs, block_pairs),)](
-        topk_flat,
-        expert_offsets,
-        expert_counts,
-        sorted_pairs,
-        pair_rows,
-        pairs,
-        e,
-        E_POW2=e_pow2,
-        BLOCK_PAIRS=block_pairs,
-        BLOCK_M=block_m,
-        num_warps=4,
-    )
-    moe_gate_up_kernel[(rows // block_m, triton.cdiv(n, config["BLOCK_N"]))](
+    moe_gate_up_kernel[(g.rows // block_m, triton.cdiv(n, config["BLOCK_N"]))](
         hidden,
         gu_packed,
         gu_scales.view(torch.uint8),
         gu_global,
-        sorted_pairs,
-        expert_offsets,
-        expert_counts,
+        g.sorted_pairs,
+        g.expert_offsets,
+        g.expert_counts,
         h,
         n,
         k,
@@ -314,7 +337,7 @@ def launch(
         USE_PRMT=use_prmt,
         EVEN_K=k % config["BLOCK_K"] == 0,
         INTERPRETED=interpreted(),
-        E_POW2=e_pow2,
+        E_POW2=triton.next_power_of_2(e),
         BLOCK_M=block_m,
         BLOCK_N=config["BLOCK_N"],
         BLOCK_K=config["BLOCK_K"],
@@ -328,7 +351,7 @@ def launch(
         dn_global,
         topk_flat,
         topk_weights.reshape(-1),
-        pair_rows,
+        g.pair_rows,
         out,
         k,
         n,

@@ -25,6 +25,7 @@ from flashrt.kernels import (
     linear_w4a4,
     moe_fused,
     moe_gemv_gluon,
+    moe_w4a4,
 )
 from flashrt.kernels.nvfp4 import BLOCK_SIZE, NVFP4Weight, check_weight, dequantize
 from flashrt.kernels.tuning import TUNER, Candidate, Outcome, bucket, candidate
@@ -38,7 +39,7 @@ LINEAR_FORMS = {
     "w4a4": linear_w4a4,
     "dequant": linear_dequant,
 }
-MOE_FORMS = {"fused": moe_fused, "gemv_gluon": moe_gemv_gluon}
+MOE_FORMS = {"fused": moe_fused, "gemv_gluon": moe_gemv_gluon, "w4a4": moe_w4a4}
 
 
 # -- references ----------------------------------------------------------------------------------
@@ -161,14 +162,14 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(F.cosine_similarity(a.float().flatten(), b.float().flatten(), dim=0))
 
 
-# Which activation precisions the linear forms may use, pinned per process by the runtime from
+# Which activation precisions the forms may use, pinned per process by the runtime from
 # its profile (``SeatProfile.activations``): "auto", "bf16" or "nvfp4".
 _ACTIVATIONS = "auto"
 
 
 def pin_activations(mode: str) -> None:
-    """Restrict the linear forms: "bf16" offers only weight-only forms, "nvfp4" only W4A4 where
-    it qualifies (weight-only elsewhere), "auto" all. Choices are cached per offer, so a change
+    """Restrict the linear and expert-bank forms: "bf16" offers only weight-only forms, "nvfp4"
+    only W4A4 where it qualifies (weight-only elsewhere), "auto" all. Choices are cached per offer, so a change
     re-adjudicates instead of reusing a choice made among other forms."""
     global _ACTIVATIONS
     if mode not in ("auto", "bf16", "nvfp4"):
@@ -176,18 +177,26 @@ def pin_activations(mode: str) -> None:
     _ACTIVATIONS = mode
 
 
-def linear_candidates(m: int, n: int, k: int, capability: tuple[int, int] | None = None) -> list[Candidate]:
-    """Every form's configs for the shape; the FP4 x FP4 form only where its tensor cores are,
-    and as the activation pin allows."""
-    w4a4 = linear_w4a4.qualifies(capability) and _ACTIVATIONS != "bf16"
+def _forms_offered(forms: dict, capability: tuple[int, int] | None, configs_of) -> list[Candidate]:
+    """Every form's configs; the FP4 x FP4 form only where its tensor cores are, and as the
+    activation pin allows."""
+    w4a4 = forms["w4a4"].qualifies(capability) and _ACTIVATIONS != "bf16"
     only_w4a4 = w4a4 and _ACTIVATIONS == "nvfp4"
     out = []
-    for form, mod in LINEAR_FORMS.items():
+    for form, mod in forms.items():
         if (form == "w4a4" and not w4a4) or (only_w4a4 and form != "w4a4"):
             continue
         precision = getattr(mod, "PRECISION", 0)
-        out += [candidate(form, cfg, precision) for cfg in mod.configs(m, n, k)]
+        out += [candidate(form, cfg, precision) for cfg in configs_of(mod)]
     return out
+
+
+def linear_candidates(m: int, n: int, k: int, capability: tuple[int, int] | None = None) -> list[Candidate]:
+    return _forms_offered(LINEAR_FORMS, capability, lambda mod: mod.configs(m, n, k))
+
+
+def moe_candidates(t: int, n: int, k: int, capability: tuple[int, int] | None = None) -> list[Candidate]:
+    return _forms_offered(MOE_FORMS, capability, lambda mod: mod.configs(t, n, k))
 
 
 def choose_linear(x: torch.Tensor, packed, scales, global_scale, bias) -> Candidate:
@@ -222,11 +231,11 @@ def choose_moe(hidden, gate_up, down, topk_ids, topk_weights) -> Candidate:
     e, two_n, _ = gate_up[0].shape
     key = f"moe:{hidden.dtype}:T{bucket(t)}:E{e}:N{two_n // 2}:K{k}:top{topk_ids.shape[1]}"
     device = hidden.device
-    device_key = _device_key(device.index or 0)
-    chosen = TUNER.recall(device_key, key)
+    device_key, memo = _device_key(device.index or 0), (key, _ACTIVATIONS)
+    chosen = TUNER.recall(device_key, memo)
     if chosen is not None:
         return chosen
-    cands = [candidate(form, cfg) for form, mod in MOE_FORMS.items() for cfg in mod.configs(t, two_n // 2, k)]
+    cands = moe_candidates(t, two_n // 2, k, _capability(device))
 
     def measure(c: Candidate) -> Outcome:
         out = torch.empty_like(hidden)
@@ -239,7 +248,7 @@ def choose_moe(hidden, gate_up, down, topk_ids, topk_weights) -> Candidate:
         except Exception as exc:
             return Outcome(c, refused=_reason(exc))
 
-    return TUNER.choose(device_key, key, cands, measure, _may_measure(device), key)
+    return TUNER.choose(device_key, key, cands, measure, _may_measure(device), memo)
 
 
 # -- custom ops ----------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from flashrt.operator.constants import DEFAULT_PROFILE, DEFAULT_RUNTIME_IMAGE
 PLACEMENTS = ("Required", "Preferred", "None")
 METRICS_MODES = ("vllm", "port")
 ROLLOUTS = ("Manual", "OnChange")
+ACTIVATIONS = ("auto", "bf16", "nvfp4")  # flashrt.runtime.profile.ACTIVATIONS (no torch import here)
 SEAT_KINDS = ("dense", "experts", "head")
 
 
@@ -30,6 +31,7 @@ class Profile:
     retain_host_experts: bool = True
     compute_majors: tuple[int, ...] = (10, 11, 12)  # Blackwell and Thor; Hopper (9) is opt-in
     placement: str = "Required"
+    activations: str = "auto"
     runtime_image: str = ""
     metrics_mode: str = "vllm"
     metrics_port: int = 9400
@@ -48,6 +50,7 @@ class Profile:
             ("FLASHRT_PARITY_FLOOR", str(self.parity_floor)),
             ("FLASHRT_STRICT", "1" if self.strict else "0"),
             ("FLASHRT_RETAIN_HOST_EXPERTS", "1" if self.retain_host_experts else "0"),
+            ("FLASHRT_ACTIVATIONS", self.activations),
         ]
         if self.include:
             env.append(("FLASHRT_INCLUDE", ",".join(self.include)))
@@ -73,7 +76,7 @@ def from_object(obj: Mapping) -> Profile:
     if not isinstance(spec, Mapping):
         raise ValueError(f"spec: got {type(spec).__name__}, need a mapping")
     known = {"seats", "include", "exclude", "moeBandT", "parityFloor", "strict", "retainHostExperts", "computeMajors",
-             "placement", "runtimeImage", "metrics", "settings", "rollout"}  # fmt: skip
+             "placement", "activations", "runtimeImage", "metrics", "settings", "rollout"}  # fmt: skip
     unknown = sorted(set(spec) - known)
     if unknown:
         raise ValueError(f"spec: unknown fields {unknown}; known fields are {sorted(known)}")
@@ -103,6 +106,12 @@ def from_object(obj: Mapping) -> Profile:
     placement = spec.get("placement", "Required")
     if placement not in PLACEMENTS:
         raise ValueError(f"spec.placement: got {placement!r}, need one of {list(PLACEMENTS)}")
+    activations = spec.get("activations", "auto")
+    if activations not in ACTIVATIONS:
+        raise ValueError(
+            f"spec.activations: got {activations!r}, need one of {list(ACTIVATIONS)} "
+            "(auto: W4A4 only where it wins on FP4 tensor cores; bf16: weight-only; nvfp4: W4A4 wherever it qualifies)"
+        )
     metrics = spec.get("metrics", {}) or {}
     mode = metrics.get("mode", "vllm")
     if mode not in METRICS_MODES:
@@ -139,6 +148,7 @@ def from_object(obj: Mapping) -> Profile:
         retain_host_experts=spec.get("retainHostExperts", True),
         compute_majors=tuple(majors),
         placement=placement,
+        activations=activations,
         runtime_image=image,
         metrics_mode=mode,
         metrics_port=port,

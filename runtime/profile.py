@@ -132,8 +132,8 @@ ENV = (
         "FLASHRT_ACTIVATIONS",
         "activations",
         _activations,
-        "Linear activations: auto (W4A4 only where it wins on FP4 tensor cores), bf16 (weight-only), nvfp4 (W4A4 "
-        "wherever the GPU has FP4 tensor cores).",
+        "Activations of linear seats and expert banks: auto (W4A4 only where it wins on FP4 tensor cores), bf16 "
+        "(weight-only), nvfp4 (W4A4 wherever the GPU has FP4 tensor cores).",
     ),
     EnvVar("FLASHRT_METRICS_PORT", None, _int, "Port of the runtime's own /metrics when vLLM's is not used."),
     EnvVar("FLASHRT_CACHE_DIR", None, str, "Where kernel choices per device and shape are kept (~/.cache/flashrt)."),

@@ -59,3 +59,25 @@ def test_the_speedup_figure_is_drawn_from_the_committed_result(tmp_path):
             row = next(r for r in rows if label.startswith(r["model"] + " ") and r["batch"] == b)
             assert s == pytest.approx(row["ours_tok_s"] / row["bf16_tok_s"])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_w4a4_emulation_of_the_bank_is_the_w4a4_kernels_arithmetic():
+    """The benchmark measures the accuracy cost of NVFP4 activations on the H200 (no FP4 tensor
+    cores) by emulating the W4A4 bank on round-tripped weights; that emulation must be the
+    arithmetic ``moe_w4a4`` is checked against."""
+    from flashrt.kernels import dequantize, nvfp4
+    from flashrt.kernels.moe_w4a4 import moe_w4a4_reference
+
+    e, n, k, t = 4, 64, 128, 5
+    gu = nvfp4.quantize_reference(torch.randn(e, 2 * n, k, dtype=torch.bfloat16))
+    dn = nvfp4.quantize_reference(torch.randn(e, k, n, dtype=torch.bfloat16))
+    bank = torch.nn.Module()
+    bank.gate_up_proj = torch.nn.Parameter(dequantize(gu, torch.float32))
+    bank.down_proj = torch.nn.Parameter(dequantize(dn, torch.float32))
+    hidden = torch.randn(t, k, dtype=torch.bfloat16)
+    weights, ids = torch.randn(t, e).softmax(-1).topk(2)
+    with torch.no_grad():
+        got = e2e._w4a4_bank(bank, hidden, ids, weights.to(torch.bfloat16)).double()
+    ref = moe_w4a4_reference(hidden, gu, dn, ids, weights.to(torch.bfloat16)).double()
+    # measured: 0.9999; without quantizing h 0.996, without any activation quantization 0.988
+    assert torch.nn.functional.cosine_similarity(got.flatten(), ref.flatten(), dim=0) > 0.999

@@ -50,22 +50,26 @@ print("checked", len(kernels))
 
 
 def test_w4a4_form_runs_on_the_block_scaled_fp4_tensor_cores():
-    """sm_100/sm_110: UTCOMMA.4X; sm_120: OMMA with E2M1 operands and UE4M3 scales. A weight-only
-    kernel never gets these (its weights are upcast to bf16): only FP4 x FP4 does."""
+    """The W4A4 linear and both W4A4 expert-bank GEMMs. sm_100/sm_110: UTCOMMA.4X; sm_120: OMMA
+    with E2M1 operands and UE4M3 scales. A weight-only kernel never gets these (its weights are
+    upcast to bf16): only FP4 x FP4 does."""
     code = """
 import os, re, subprocess, tempfile, triton
 from flashrt.kernels import build
-b = next(b for b in build.builds() if b.name == "linear_w4a4")
 tool = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
-for arch in (100, 110, 120):
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(build.compile_for(b, arch).asm["cubin"]); f.flush()
-        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
-    print(arch, sorted(set(re.findall(r"\\b(UTC\\w*MMA[\\w.]*|OMMA[\\w.]*|HMMA[\\w.]*)", sass))))
+for name in ("linear_w4a4", "moe_gate_up_w4a4", "moe_down_w4a4"):
+    b = next(b for b in build.builds() if b.name == name)
+    for arch in (100, 110, 120):
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(build.compile_for(b, arch).asm["cubin"]); f.flush()
+            sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+        print(arch, name, sorted(set(re.findall(r"\\b(UTC\\w*MMA[\\w.]*|OMMA[\\w.]*|HMMA[\\w.]*)", sass))))
 """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    found = dict(line.split(" ", 1) for line in done.stdout.splitlines() if line[:3] in ("100", "110", "120"))
-    assert "UTCOMMA.4X" in found["100"] and "UTCOMMA.4X" in found["110"], found
-    assert "OMMA.SF.16864.F32.E2M1.E2M1.UE4M3.4X" in found["120"], found
+    lines = [line for line in done.stdout.splitlines() if line[:3] in ("100", "110", "120")]
+    assert len({tuple(line.split(" ", 2)[:2]) for line in lines}) == 9, done.stdout
+    for line in lines:
+        wanted = "OMMA.SF.16864.F32.E2M1.E2M1.UE4M3.4X" if line.startswith("120") else "UTCOMMA.4X"
+        assert f"'{wanted}'" in line, line

@@ -4,6 +4,8 @@ On the CPU the Triton kernels run under ``TRITON_INTERPRET=1`` (conftest); on a 
 tests run the compiled kernels, including the PTX decoder the interpreter cannot run.
 """
 
+from itertools import product
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,12 +18,13 @@ from flashrt.kernels import (
     linear_w4a4,
     moe_fused,
     moe_gemv_gluon,
+    moe_w4a4,
     nvfp4,
     ops,
 )
 from flashrt.kernels.decode import use_prmt
 from flashrt.kernels.nvfp4 import NVFP4Weight
-from flashrt.kernels.quantizer import quantize_triton
+from flashrt.kernels.quantizer import quantize_rows, quantize_triton
 
 ON_GPU = torch.cuda.is_available()
 
@@ -97,6 +100,19 @@ def test_quantizer_kernel_matches_reference_bit_for_bit(shape, device):
     got = quantize_triton(w)
     assert torch.equal(got.packed.cpu(), ref.packed)
     assert torch.equal(got.scales.view(torch.uint8).cpu(), ref.scales.view(torch.uint8))
+    assert torch.equal(got.global_scale.cpu(), ref.global_scale)
+
+
+@pytest.mark.parametrize("shape", [(1, 2048), (7, 768), (3, 4096 + 48)])
+def test_activation_quantizer_matches_reference_row_by_row(shape, device):
+    """Per-token NVFP4 (the W4A4 forms' activations), one launch: every row as the reference
+    quantizes that row alone, bit for bit; a zero row gets scale 1 and zero codes."""
+    x = torch.randn(*shape, dtype=torch.bfloat16, device=device) * 5
+    x[-1] = 0
+    ref = nvfp4.quantize_reference(x.cpu().reshape(shape[0], 1, shape[1]))
+    got = quantize_rows(x)
+    assert torch.equal(got.packed.cpu(), ref.packed[:, 0])
+    assert torch.equal(got.scales.view(torch.uint8).cpu(), ref.scales[:, 0].view(torch.uint8))
     assert torch.equal(got.global_scale.cpu(), ref.global_scale)
 
 
@@ -201,15 +217,14 @@ def test_w4a4_form_is_offered_only_on_fp4_tensor_cores(monkeypatch):
     assert w4a4.precision < min(c.precision for c in ops.linear_candidates(16, 4096, 4096, (9, 0)))
 
 
-@pytest.mark.skipif(
-    not ON_GPU, reason="the interpreter reads dot_scaled scales as e8m0: GPU only (sm_90 decomposes it)"
-)
 @pytest.mark.parametrize("m", [1, 16, 130])
 def test_w4a4_kernel_matches_its_reference(m, device):
-    q = nvfp4.quantize(torch.randn(1000, 2048, dtype=torch.bfloat16, device=device))
-    x = torch.randn(m, 2048, dtype=torch.bfloat16, device=device)
-    out = torch.full((m, 1000), float("nan"), dtype=torch.bfloat16, device=device)
-    linear_w4a4.launch(x, q.packed, q.scales, q.global_scale, None, out, linear_w4a4.configs(m, 1000, 2048)[0], False)
+    """On a GPU through ``dot_scaled`` (sm_90 decomposes it into bf16 MMAs); interpreted, on the
+    decoded tiles (``decode.dot_nvfp4``). K = 2000: the masked tail of a BLOCK_K step."""
+    q = nvfp4.quantize(torch.randn(300, 2000, dtype=torch.bfloat16, device=device))
+    x = torch.randn(m, 2000, dtype=torch.bfloat16, device=device)
+    out = torch.full((m, 300), float("nan"), dtype=torch.bfloat16, device=device)
+    linear_w4a4.launch(x, q.packed, q.scales, q.global_scale, None, out, linear_w4a4.configs(m, 300, 2000)[0], False)
     ref = linear_w4a4.w4a4_reference(x, q)
     assert not out.isnan().any()
     assert ((out.double() - ref.double()).norm() / ref.double().norm()) < 1e-2
@@ -284,6 +299,62 @@ def test_moe_gemv_form_matches_reference(t, config, device):
     ref = ops.moe_reference(hidden, gu, dn, ids, weights)
     assert not out.isnan().any()
     assert (out.double() - ref.double()).norm() / ref.double().norm() < 1e-2
+
+
+@pytest.mark.parametrize("t", [1, 5, 33])
+def test_moe_w4a4_form_matches_its_reference_stage_by_stage(t, device):
+    """FP4 x FP4 expert bank, each stage on its own input: gate_up against the reference's
+    ``h``, then down + reduce on the kernel's own ``h`` (composed, quantizing ``h`` amplifies
+    one-ulp differences: see the module). N = 48 and K = 752: both GEMMs take masked tails."""
+    e, n, k, top_k = 8, 48, 752, 2
+    gu, dn = _bank(e, n, k, device)
+    hidden = torch.randn(t, k, dtype=torch.bfloat16, device=device)
+    ids, weights = _route(t, e, top_k, device)
+    config = moe_w4a4.configs(t, n, k)[-1]
+    grouping = moe_fused.group_pairs(ids, e, config["BLOCK_M"])
+    h = moe_w4a4.launch_gate_up(hidden, (gu.packed, gu.scales, gu.global_scale), top_k, grouping, config)
+    h_pairs = h[grouping.pair_rows.long()].reshape(t, top_k, n)
+    h_ref = moe_w4a4.gate_up_reference(hidden, gu, ids)
+    assert (h_pairs.double() - h_ref.double()).norm() / h_ref.double().norm() < 1e-2
+    out = torch.full_like(hidden, float("nan"))
+    moe_w4a4.launch_down(h, (dn.packed, dn.scales, dn.global_scale), weights, grouping, out, config)
+    ref = moe_w4a4.down_reference(h_pairs, dn, ids, weights)
+    assert not out.isnan().any()
+    assert (out.double() - ref).norm() / ref.norm() < 1e-2
+
+
+def test_moe_w4a4_reference_costs_little_against_w4a16_and_bf16():
+    """Whole-bank accuracy cost of NVFP4 activations (both GEMMs), on Gaussian data at a real
+    bank's widths; the kernels match this arithmetic stage by stage (above)."""
+    e, n, k, top_k, t = 8, 768, 2048, 2, 4
+    w13, w2 = torch.randn(e, 2 * n, k, dtype=torch.bfloat16), torch.randn(e, k, n, dtype=torch.bfloat16)
+    gu, dn = nvfp4.quantize_reference(w13), nvfp4.quantize_reference(w2)
+    hidden = torch.randn(t, k, dtype=torch.bfloat16)
+    ids, weights = _route(t, e, top_k, torch.device("cpu"))
+    w4a4 = moe_w4a4.moe_w4a4_reference(hidden, gu, dn, ids, weights).double().flatten()
+    w4a16 = ops.moe_reference(hidden, gu, dn, ids, weights).double().flatten()
+    bf16 = torch.zeros(t, k, dtype=torch.float64)
+    for token, slot in product(range(t), range(top_k)):
+        expert, weight = ids[token, slot], weights[token, slot].double()
+        y = hidden[token].double() @ w13[expert].double().t()
+        bf16[token] += weight * ((F.silu(y[:n]) * y[n:]) @ w2[expert].double().t())
+    bf16 = bf16.flatten()
+    assert F.cosine_similarity(w4a4, w4a16, dim=0) >= 0.98
+    assert F.cosine_similarity(w4a4, bf16, dim=0) >= 0.97
+
+
+def test_w4a4_expert_bank_is_offered_only_on_fp4_tensor_cores(monkeypatch):
+    monkeypatch.setattr("flashrt.kernels.decode.interpreted", lambda: False)
+    forms = {major: {c.form for c in ops.moe_candidates(8, 768, 2048, (major, 0))} for major in (9, 10, 12)}
+    assert "w4a4" not in forms[9] and "w4a4" in forms[10] and "w4a4" in forms[12]
+    try:
+        ops.pin_activations("nvfp4")
+        assert {c.form for c in ops.moe_candidates(8, 768, 2048, (10, 0))} == {"w4a4"}
+        assert "w4a4" not in {c.form for c in ops.moe_candidates(8, 768, 2048, (9, 0))}
+        ops.pin_activations("bf16")
+        assert "w4a4" not in {c.form for c in ops.moe_candidates(8, 768, 2048, (12, 0))}
+    finally:
+        ops.pin_activations("auto")
 
 
 def test_moe_op_routes_to_few_experts_of_many(device):
