@@ -63,6 +63,20 @@ _LINEAR_SIG = {
     "stride_wn": "i32",
     "stride_sn": "i32",
 }
+_MMA_SIG = {
+    **{k: v for k, v in _LINEAR_SIG.items() if k.startswith(("x_", "packed", "scales", "global", "bias", "out"))},
+    **{"M": "i32", "N": "i32", "K": "i32", "K_SPLIT": "i32"},
+    **{k: v for k, v in _LINEAR_SIG.items() if k.startswith("stride")},
+}
+_SPLITK_REDUCE_SIG = {
+    "part_ptr": "*fp32",
+    "global_scale_ptr": "*fp32",
+    "bias_ptr": "*bf16",
+    "out_ptr": "*bf16",
+    "M": "i32",
+    "N": "i32",
+    "stride_om": "i32",
+}
 # The Gluon forms read the weight as int32 words.
 _GEMV_GLUON_SIG = {name if name != "packed_ptr" else "words_ptr": kind for name, kind in _LINEAR_SIG.items()}
 _GEMV_GLUON_SIG["words_ptr"] = "*i32"
@@ -278,8 +292,10 @@ def builds() -> Iterator[Build]:
                 consts = {"HAS_BIAS": False, "USE_PRMT": True, "EVEN_K": even_k}
                 consts |= {k: cfg[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K") if k in cfg}
                 if form == "mma":
-                    consts["INTERPRETED"] = False
-                sig = _with_constexprs(_LINEAR_SIG, consts)
+                    consts |= {"INTERPRETED": False, "SPLIT_K": min(cfg.get("SPLIT_K", 1), 2)}  # 2: any split
+                sig = _with_constexprs(_MMA_SIG if form == "mma" else _LINEAR_SIG, consts)
+                if consts.get("SPLIT_K", 1) > 1:
+                    sig["out_ptr"] = "*fp32"  # the partials
                 yield from unique(Build(f"linear_{form}", fn, sig, consts, cfg["num_warps"], cfg["num_stages"]))
         for cfg, even_k in product(linear_gemv_gluon.configs(m, 4096, 4096), (True, False)):
             consts = {"HAS_BIAS": False, "X_FP16": False, "EVEN_K": even_k} | cfg
@@ -309,6 +325,10 @@ def builds() -> Iterator[Build]:
             yield from unique(
                 Build("moe_group", moe_fused.moe_group_kernel, _with_constexprs(_GROUP_SIG, consts), consts, 4, 1)
             )
+    for has_bias in (False, True):
+        consts = {"SPLIT_K": 4, "HAS_BIAS": has_bias, "BLOCK": linear_mma.REDUCE_BLOCK}
+        fn = linear_mma.splitk_reduce_kernel
+        yield from unique(Build("splitk_reduce", fn, _with_constexprs(_SPLITK_REDUCE_SIG, consts), consts, 4, 1))
     for cfg, even_k in product(linear_dequant.configs(linear_dequant.MIN_ROWS, 4096, 4096), (True, False)):
         consts = {"USE_PRMT": True, "EVEN_K": even_k} | {k: cfg[k] for k in ("BLOCK_N", "BLOCK_K")}
         fn = linear_dequant.nvfp4_dequant_kernel

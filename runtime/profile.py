@@ -40,7 +40,7 @@ class SeatProfile:
     # Token rows up to which the packed bank serves. H200 (bench/results/h200-moe-band.json), the
     # NVFP4 bank against the grouped bf16 bank (itself faster than vLLM's fused MoE): 1.18x/1.55x
     # at 16 rows (Qwen3-30B-A3B / Qwen3.5-35B-A3B shapes), 1.01-1.06x at 24-32, behind from 48.
-    # End to end (bench/results/h200-e2e.json, full Qwen3-30B-A3B decode step): 1.09x at 16,
+    # End to end (bench/results/h200-e2e-band.json, full Qwen3-30B-A3B decode step): 1.09x at 16,
     # 1.015x at 24, 1.009x at 32, inside the 3% margin that goes to the higher-precision path.
     moe_band_t: int = 16
     head_slab_rows: int = HEAD_SLAB_ROWS

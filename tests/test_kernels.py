@@ -159,6 +159,22 @@ def test_linear_kernel_matches_reference(form, m, k, device):
     torch.testing.assert_close(out_b.float(), out.float() + bias.float(), rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize(("m", "k", "split"), [(3, 2048, 4), (16, 4000, 3), (33, 768, 2)])
+def test_split_k_sums_every_split_once(m, k, split, device):
+    """Split-K: partials per K range, summed in split order, scaled, biased. K = 4000 with three
+    splits: the last split is short and ends in a masked BLOCK_K step."""
+    n = 200 if not ON_GPU else 1000
+    q = nvfp4.quantize(torch.randn(n, k, dtype=torch.bfloat16, device=device))
+    x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
+    bias = torch.randn(n, dtype=torch.bfloat16, device=device)
+    config = {**LINEAR_CONFIGS["mma"], "BLOCK_K": 128, "SPLIT_K": split}
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
+    linear_mma.launch(x, q.packed, q.scales, q.global_scale, bias, out, config, _prmt(device))
+    ref = ops.linear_reference(x, q, bias)
+    assert not out.isnan().any()
+    assert (out.double() - ref.double()).norm() / ref.double().norm() < 1e-2
+
+
 @pytest.mark.parametrize("k", [768, 4000])
 def test_the_dequant_form_decodes_the_same_numbers_as_the_reference(k, device):
     """The weight it hands cuBLAS is ``nvfp4.dequantize``'s, bit for bit on a GPU (K not a multiple
@@ -217,10 +233,22 @@ def test_w4a4_form_is_offered_only_on_fp4_tensor_cores(monkeypatch):
     assert w4a4.precision < min(c.precision for c in ops.linear_candidates(16, 4096, 4096, (9, 0)))
 
 
+def _w4a4_runs_here(device) -> bool:
+    return device.type == "cpu" or linear_w4a4.qualifies(torch.cuda.get_device_capability(device))
+
+
+# Triton 3.6 on sm_90 stops in TritonGPUAccelerateMatmul on an e2m1 x e2m1 dot_scaled (H200,
+# bench/results/h200-gpu-tests.log at 735851c); the forms are not offered below compute 10.
+W4A4_HERE = pytest.mark.skipif(
+    ON_GPU and not _w4a4_runs_here(torch.device("cuda")), reason="W4A4 forms are offered on compute 10 and up only"
+)
+
+
+@W4A4_HERE
 @pytest.mark.parametrize("m", [1, 16, 130])
 def test_w4a4_kernel_matches_its_reference(m, device):
-    """On a GPU through ``dot_scaled`` (sm_90 decomposes it into bf16 MMAs); interpreted, on the
-    decoded tiles (``decode.dot_nvfp4``). K = 2000: the masked tail of a BLOCK_K step."""
+    """On a GPU with FP4 tensor cores through ``dot_scaled``; interpreted, on the decoded tiles
+    (``decode.dot_nvfp4``). K = 2000: the masked tail of a BLOCK_K step."""
     q = nvfp4.quantize(torch.randn(300, 2000, dtype=torch.bfloat16, device=device))
     x = torch.randn(m, 2000, dtype=torch.bfloat16, device=device)
     out = torch.full((m, 300), float("nan"), dtype=torch.bfloat16, device=device)
@@ -301,6 +329,7 @@ def test_moe_gemv_form_matches_reference(t, config, device):
     assert (out.double() - ref.double()).norm() / ref.double().norm() < 1e-2
 
 
+@W4A4_HERE
 @pytest.mark.parametrize("t", [1, 5, 33])
 def test_moe_w4a4_form_matches_its_reference_stage_by_stage(t, device):
     """FP4 x FP4 expert bank, each stage on its own input: gate_up against the reference's
