@@ -143,18 +143,8 @@ def load_nvfp4_halves(
     ``LDG.E.U8``). Each scale covers 8 consecutive bytes; it is broadcast in registers."""
     HALF_K: tl.constexpr = BLOCK_K // 2
     GROUPS: tl.constexpr = BLOCK_K // 16
-    # k0 is a multiple of BLOCK_K, but Triton's alignment analysis loses that through ``// 2``.
-    byte = tl.multiple_of(k0 // 2, HALF_K) + tl.arange(0, HALF_K)
-    group = tl.multiple_of(k0 // 16, GROUPS) + tl.arange(0, GROUPS)
-    if EVEN_K:
-        byte_mask = n_mask[:, None]
-        group_mask = n_mask[:, None]
-    else:
-        byte_mask = n_mask[:, None] & (byte[None, :] < K // 2)
-        group_mask = n_mask[:, None] & (group[None, :] < K // 16)
-    packed = tl.load(packed_ptr + rows[:, None] * stride_wn + byte[None, :], mask=byte_mask, other=0)
-    scale = e4m3_to_bf16(tl.load(scales_ptr + rows[:, None] * stride_sn + group[None, :], mask=group_mask, other=0))
-    scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (BLOCK_N, GROUPS, 8)), (BLOCK_N, HALF_K))
+    packed, scale = load_nvfp4_codes(packed_ptr, scales_ptr, rows, n_mask, K, k0, stride_wn, stride_sn, BLOCK_K, EVEN_K)
+    scale = tl.reshape(tl.broadcast_to(e4m3_to_bf16(scale)[:, :, None], (BLOCK_N, GROUPS, 8)), (BLOCK_N, HALF_K))
     return decode(packed, scale, USE_PRMT)
 
 
@@ -176,6 +166,7 @@ def load_nvfp4_codes(
     they add nothing to a product."""
     HALF_K: tl.constexpr = BLOCK_K // 2
     GROUPS: tl.constexpr = BLOCK_K // 16
+    # k0 is a multiple of BLOCK_K, but Triton's alignment analysis loses that through ``// 2``.
     byte = tl.multiple_of(k0 // 2, HALF_K) + tl.arange(0, HALF_K)
     group = tl.multiple_of(k0 // 16, GROUPS) + tl.arange(0, GROUPS)
     if EVEN_K:

@@ -75,14 +75,18 @@ def moe_group_kernel(
 
 
 @triton.jit
-def block_expert(expert_offsets_ptr, expert_counts_ptr, row_start, E, E_POW2: tl.constexpr):
-    """The expert whose padded run holds ``row_start`` (E when past the last run), and its end."""
+def expert_rows(expert_offsets_ptr, expert_counts_ptr, E, E_POW2: tl.constexpr, BLOCK_M: tl.constexpr):
+    """This program's BLOCK_M rows of the grouped layout (program axis 0): the expert whose
+    padded run holds them (E when past the last run), that expert clamped to a valid index, the
+    rows, and which of them hold a pair."""
     offs_e = tl.arange(0, E_POW2)
+    row_start = tl.program_id(0) * BLOCK_M
     ends = tl.load(expert_offsets_ptr + 1 + offs_e, mask=offs_e < E, other=2**30)
     e = tl.sum((ends <= row_start).to(tl.int32), axis=0)
     e_safe = tl.minimum(e, E - 1)
     valid_end = tl.load(expert_offsets_ptr + e_safe) + tl.load(expert_counts_ptr + e_safe)
-    return e, e_safe, valid_end
+    rows = row_start + tl.arange(0, BLOCK_M)
+    return e, e_safe, rows, rows < valid_end
 
 
 @triton.jit
@@ -116,16 +120,12 @@ def moe_gate_up_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    row_start = pid_m * BLOCK_M
-    e, e_safe, valid_end = block_expert(expert_offsets_ptr, expert_counts_ptr, row_start, E, E_POW2)
+    e, e_safe, rows, row_mask = expert_rows(expert_offsets_ptr, expert_counts_ptr, E, E_POW2, BLOCK_M)
     if e >= E:
         return
     HALF_K: tl.constexpr = BLOCK_K // 2
 
-    rows = row_start + tl.arange(0, BLOCK_M)
-    row_mask = rows < valid_end
     tokens = tl.load(sorted_pairs_ptr + rows, mask=row_mask, other=0) // TOP_K
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N

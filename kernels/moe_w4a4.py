@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 from flashrt.kernels import linear_w4a4
 from flashrt.kernels.decode import dot_nvfp4, interpreted, load_nvfp4_codes
-from flashrt.kernels.moe_fused import Grouping, block_expert, group_pairs
+from flashrt.kernels.moe_fused import Grouping, expert_rows, group_pairs
 from flashrt.kernels.nvfp4 import NVFP4Weight, dequantize, quantize_reference
 from flashrt.kernels.quantizer import quantize_rows
 
@@ -76,14 +76,10 @@ def moe_gate_up_w4a4_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    row_start = pid_m * BLOCK_M
-    e, e_safe, valid_end = block_expert(expert_offsets_ptr, expert_counts_ptr, row_start, E, E_POW2)
+    e, e_safe, rows, row_mask = expert_rows(expert_offsets_ptr, expert_counts_ptr, E, E_POW2, BLOCK_M)
     if e >= E:
         return
-    rows = row_start + tl.arange(0, BLOCK_M)
-    row_mask = rows < valid_end
     tokens = tl.load(sorted_pairs_ptr + rows, mask=row_mask, other=0) // TOP_K
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
@@ -141,14 +137,10 @@ def moe_down_w4a4_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    row_start = pid_m * BLOCK_M
-    e, e_safe, valid_end = block_expert(expert_offsets_ptr, expert_counts_ptr, row_start, E, E_POW2)
+    e, e_safe, rows, row_mask = expert_rows(expert_offsets_ptr, expert_counts_ptr, E, E_POW2, BLOCK_M)
     if e >= E:
         return
-    rows = row_start + tl.arange(0, BLOCK_M)
-    row_mask = rows < valid_end
     pairs = tl.load(sorted_pairs_ptr + rows, mask=row_mask, other=0)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
