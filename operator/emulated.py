@@ -52,6 +52,15 @@ def free_port() -> int:
 @contextlib.asynccontextmanager
 async def running_operator(api, namespaces: list[str], cert: Path, key: Path) -> AsyncIterator[str]:
     """Start ``flashrt.operator.handlers`` logged in to ``api``; yield the webhook's URL once it answers."""
+    declare_resources(api)
+    async with operator_at(str(api.url), namespaces, cert, key) as url:
+        yield url
+
+
+@contextlib.asynccontextmanager
+async def operator_at(api_url: str, namespaces: list[str], cert: Path, key: Path) -> AsyncIterator[str]:
+    """The operator logged in to the API server at ``api_url`` (one whose resources are declared);
+    the benchmark runs replicas of it in processes of their own."""
     import aiohttp
     import kopf
 
@@ -60,7 +69,6 @@ async def running_operator(api, namespaces: list[str], cert: Path, key: Path) ->
            "FLASHRT_OPERATOR_TLS_KEY": str(key)}  # fmt: skip
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
-    declare_resources(api)
     import flashrt.operator.handlers as handlers
 
     registry = kopf.get_default_registry()
@@ -69,7 +77,7 @@ async def running_operator(api, namespaces: list[str], cert: Path, key: Path) ->
     def login(**_):
         from flashrt.operator import api as client
 
-        info = kopf.ConnectionInfo(server=str(api.url))
+        info = kopf.ConnectionInfo(server=api_url)
         client.remember(info)
         return info
 
