@@ -147,18 +147,14 @@ def _replica_process(api_url: str, cert: str, key: str, conn) -> None:
 
 async def _until_injecting(session, url: str, context) -> None:
     """Until the replica has indexed the profile and patches pods."""
+    import aiohttp
+
     for _ in range(400):
-        with contextlib.suppress(*_aiohttp_errors()):
+        with contextlib.suppress(aiohttp.ClientError, OSError, KeyError, ValueError):
             if "patch" in json.loads(await _answer(session, url, _review(0), context))["response"]:
                 return
         await asyncio.sleep(0.05)
     raise RuntimeError(f"the operator at {url} did not inject: see its log")
-
-
-def _aiohttp_errors() -> tuple[type[BaseException], ...]:
-    import aiohttp
-
-    return (aiohttp.ClientError, OSError, KeyError, ValueError)
 
 
 async def run(clients: int, requests: int, replicas: int) -> dict:
