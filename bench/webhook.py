@@ -96,15 +96,18 @@ async def _clients(urls: list[str], cafile: str, clients: int, requests: int) ->
     for c, connection in enumerate(connections):  # warm each connection once
         await connection.post(_review(c))
 
+    # Every review is encoded before the clock starts, and an answer is told injected by its
+    # patch field: the clients' CPU is taken from the servers on two shared cores.
+    reviews = [[_review(c * 100000 + i) for i in range(requests // clients)] for c in range(clients)]
+
     async def client(c: int) -> None:
         nonlocal injected
         connection = connections[c]
-        for i in range(requests // clients):
-            body = _review(c * 100000 + i)
+        for body in reviews[c]:
             start = time.perf_counter()
-            answer = json.loads(await connection.post(body))
+            answer = await connection.post(body)
             latencies.append(time.perf_counter() - start)
-            injected += "patch" in answer["response"]
+            injected += b'"patch":' in answer
 
     start = time.perf_counter()
     await asyncio.gather(*(client(c) for c in range(clients)))

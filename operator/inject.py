@@ -19,12 +19,12 @@ status annotation. Everything inject adds is recorded in ``flashrt.io/injected``
 
 from __future__ import annotations
 
-import copy
 import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import orjson
 from flashrt.operator.constants import (
     BUNDLE_MOUNT,
     BUNDLE_SIZE_LIMIT,
@@ -169,7 +169,7 @@ def _node_affinity(spec: dict, profile: Profile) -> dict | None:
             terms.append({"matchExpressions": [expression]})
             return {"required": "term"}
         for term in terms:  # terms are ORed: the constraint must join every one of them
-            term.setdefault("matchExpressions", []).append(copy.deepcopy(expression))
+            term.setdefault("matchExpressions", []).append(_json_copy(expression))
         return {"required": "expressions"}
     preferred = node.setdefault("preferredDuringSchedulingIgnoredDuringExecution", [])
     preferred.append({"weight": 100, "preference": {"matchExpressions": [expression]}})
@@ -188,7 +188,7 @@ def inject(pod: Mapping, profile: Profile, settings: Settings | None = None) -> 
     """The pod with flashrt injected into its vLLM container, or unchanged but for a skip status."""
 
     settings = settings or Settings()
-    pod = _json_copy(pod)
+    pod = pod if isinstance(pod, dict) else _json_copy(pod)  # never changed: the result is a copy
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     if annotations.get(STATUS_ANNOTATION) == "injected" or RECORD_ANNOTATION in annotations:
         return Injection(pod, pod, "unchanged")
@@ -229,13 +229,13 @@ def inject(pod: Mapping, profile: Profile, settings: Settings | None = None) -> 
             {"name": METRICS_VOLUME, "emptyDir": {"sizeLimit": METRICS_SIZE_LIMIT}},
         ]
     )
-    security = copy.deepcopy(target.get("securityContext")) or copy.deepcopy(RESTRICTED_SECURITY_CONTEXT)
+    security = _json_copy(target.get("securityContext") or RESTRICTED_SECURITY_CONTEXT)
     spec.setdefault("initContainers", []).append(
         {
             "name": INIT_CONTAINER,
             "image": profile.image(settings.runtime_image),
             "args": [BUNDLE_MOUNT],
-            "resources": copy.deepcopy(INIT_RESOURCES),
+            "resources": _json_copy(INIT_RESOURCES),
             "securityContext": security,
             "volumeMounts": [{"name": BUNDLE_VOLUME, "mountPath": BUNDLE_MOUNT}],
         }
@@ -250,7 +250,7 @@ def inject(pod: Mapping, profile: Profile, settings: Settings | None = None) -> 
         record["created"].append("annotations")
     meta.setdefault("annotations", {})
     meta["annotations"][STATUS_ANNOTATION] = "injected"
-    meta["annotations"][RECORD_ANNOTATION] = json.dumps(record, sort_keys=True, separators=(",", ":"))
+    meta["annotations"][RECORD_ANNOTATION] = orjson.dumps(record, option=orjson.OPT_SORT_KEYS).decode()
     return Injection(pod, out, "injected", target["name"])
 
 

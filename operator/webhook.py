@@ -1,11 +1,16 @@
 """The admission side: pods are never denied, whatever reaches the webhook.
 
 ``FailOpenWebhookServer`` is kopf's own HTTPS webhook server (self-signed or mounted
-certificates, reloaded when the files rotate) with one change: a request it cannot serve is
-answered with an AdmissionReview that allows the object unchanged, not with an HTTP error. An
-HTTP error would block pod creation under failurePolicy Fail, and under Ignore it still costs
-every pod the API server's timeout; a webhook that injects an optimisation has no business
-stopping a pod.
+certificates, restarted with new ones when the files rotate) with two changes:
+
+* A request it cannot serve is answered with an AdmissionReview that allows the object
+  unchanged, not with an HTTP error. An HTTP error would block pod creation under failurePolicy
+  Fail, and under Ignore it still costs every pod the API server's timeout; a webhook that
+  injects an optimisation has no business stopping a pod.
+* HTTP is spoken by ``AdmissionProtocol`` (httptools, the parser under uvicorn) rather than an
+  aiohttp application, and JSON by orjson. With 50 clients on 2 cores (``python -m flashrt.bench
+  webhook``) that took two replicas from 3600 to 5500 admissions/s and the p99 from 25.6 to
+  17-18 ms; kopf's admission engine and the ``@kopf.on.mutate`` handler are unchanged.
 
 ``decide(pod, namespace, lookup, settings)`` is the decision for one pod, pure: it returns the
 ``Injection`` (the pod, its JSON patch, the skip reason for the Event). The kopf handler calls
@@ -15,11 +20,16 @@ again to build its own patch, which was two thirds of an admission's time.
 
 from __future__ import annotations
 
+import asyncio
 import base64
-import json
+import contextlib
+import hashlib
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
+from pathlib import Path
 
+import httptools
+import orjson
 from flashrt.operator.constants import DEFAULT_PROFILE, PROFILE_ANNOTATION
 from flashrt.operator.inject import Injection, Settings, inject, skip
 from flashrt.operator.profile import Profile, from_object
@@ -33,13 +43,22 @@ def allow(request: Mapping | None, patch: list | None = None, warning: str | Non
     response: dict = {"uid": uid, "allowed": True}
     if patch:
         response["patchType"] = "JSONPatch"
-        response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
+        response["patch"] = base64.b64encode(orjson.dumps(patch)).decode()
     if warning:
         response["warnings"] = [warning]
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
 
 
-ProfileLookup = Callable[[str, str], Mapping | None]  # (namespace, name) -> SeatProfile object
+# (namespace, name) -> the SeatProfile: its object, or already parsed (``Profile``, or the
+# ``ValueError`` that parsing raised) as the operator's index keeps it.
+ProfileLookup = Callable[[str, str], Mapping | Profile | ValueError | None]
+
+
+def parse(found: Mapping | Profile | ValueError) -> Profile:
+    """A looked-up profile as a ``Profile``; raises the ``ValueError`` of an invalid one."""
+    if isinstance(found, ValueError):
+        raise found
+    return found if isinstance(found, Profile) else from_object(found)
 
 
 def decide(
@@ -50,13 +69,13 @@ def decide(
     missing in the pod's namespace is looked up in ``fallback_namespace`` (the operator's): the
     chart's ``default`` profile there serves every namespace that has none of its own."""
     name = ((pod.get("metadata") or {}).get("annotations") or {}).get(PROFILE_ANNOTATION, DEFAULT_PROFILE)
-    obj = lookup(namespace, name)
-    if obj is None and fallback_namespace and fallback_namespace != namespace:
-        obj = lookup(fallback_namespace, name)
-    if obj is None:
+    found = lookup(namespace, name)
+    if found is None and fallback_namespace and fallback_namespace != namespace:
+        found = lookup(fallback_namespace, name)
+    if found is None:
         return skip(dict(pod), f"SeatProfile {namespace}/{name} not found; create it or set {PROFILE_ANNOTATION}")
     try:
-        profile: Profile = from_object(obj)
+        profile = parse(found)
     except ValueError as exc:
         return skip(dict(pod), f"SeatProfile {namespace}/{name} is invalid: {exc}")
     return inject(pod, profile, settings)
@@ -79,44 +98,158 @@ def answer(patch: list) -> bool:
 MAX_REVIEW_BYTES = 8 << 20  # twice the largest review a 1.5 MiB object can produce, with headroom
 
 
+async def review(fn, payload: bytes | None, webhook: str, sslpeer, headers: Mapping) -> bytes:
+    """The AdmissionReview answering ``payload`` (None: one over ``MAX_REVIEW_BYTES``), encoded:
+    kopf's admission engine (``fn``, which runs the ``@kopf.on.mutate`` handler) with the patch
+    ``answer`` handed over, and allowed whatever happens. orjson, not json: encoding the patch
+    and the answer was 0.13 of a replica's CPU with the standard library."""
+    if payload is None:
+        return orjson.dumps(allow(None))
+    try:
+        data = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return orjson.dumps(allow(None))
+    holder: list[list] = []
+    token = _ANSWER.set(holder)
+    try:
+        response = await fn(data, webhook=webhook, sslpeer=sslpeer, headers=headers)
+        response["apiVersion"], response["kind"] = "admission.k8s.io/v1", "AdmissionReview"
+        response.setdefault("response", {})["allowed"] = True  # fail open: see the module docstring
+        response["response"].pop("status", None)
+        if holder and holder[-1]:
+            patch = base64.b64encode(orjson.dumps(holder[-1])).decode()
+            response["response"].update(patchType="JSONPatch", patch=patch)
+        return orjson.dumps(response)
+    except Exception:
+        return orjson.dumps(allow(data))
+    finally:
+        _ANSWER.reset(token)
+
+
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_BAD_REQUEST = b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+_PENDING_LIMIT = 8  # reviews queued on one connection before it stops reading (pipelining clients)
+
+
+class AdmissionProtocol(asyncio.Protocol):
+    """HTTP/1.1 over one connection, parsed by httptools: every POST answered with ``review``.
+
+    What kopf's aiohttp application did, less its routing, request and response objects, which
+    were a fifth of a replica's CPU; answers go out in request order (HTTP/1.1 pipelining)."""
+
+    def __init__(self, fn, path: str):
+        self.fn, self.path = fn, path.rstrip("/")
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.last: asyncio.Future | None = None
+        self.pending = 0
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.sslpeer = transport.get_extra_info("peercert")
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:  # an upgrade request too: a webhook speaks plain HTTP/1.1
+            self.transport.write(_BAD_REQUEST)
+            self.transport.close()
+
+    def on_message_begin(self) -> None:
+        self.url, self.headers, self.body, self.size = b"", {}, [], 0
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.decode("latin-1")] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        # curl asks before sending a large body; behind an unanswered review the interim answer
+        # would come out of order, and the client sends anyway after its wait.
+        expect = self.headers.get("Expect") or self.headers.get("expect") or ""
+        if expect.lower() == "100-continue" and self.pending == 0:
+            self.transport.write(_CONTINUE)
+
+    def on_body(self, body: bytes) -> None:
+        self.size += len(body)
+        if self.size <= MAX_REVIEW_BYTES:
+            self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        payload = b"".join(self.body) if self.size <= MAX_REVIEW_BYTES else None
+        webhook = httptools.parse_url(self.url).path.decode("latin-1").removeprefix(self.path).lstrip("/")
+        keep_alive = self.parser.should_keep_alive()
+        self.pending += 1
+        if self.pending > _PENDING_LIMIT:
+            self.transport.pause_reading()
+        self.last = asyncio.ensure_future(self._respond(self.last, payload, webhook, self.headers, keep_alive))
+
+    async def _respond(self, previous, payload: bytes | None, webhook: str, headers: dict, keep_alive: bool) -> None:
+        body = await review(self.fn, payload, webhook, self.sslpeer, headers)
+        if previous is not None:
+            await previous
+        if self.transport.is_closing():
+            return
+        self.transport.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n%s"
+            % (len(body), b"" if keep_alive else b"Connection: close\r\n", body)
+        )
+        self.pending -= 1
+        if not keep_alive:
+            self.transport.close()
+        elif self.pending == _PENDING_LIMIT:
+            self.transport.resume_reading()
+
+
+async def until_files_change(paths: list[str], interval: float) -> None:
+    """Return once the content of any of ``paths`` changes. Mounted Secrets are swapped by
+    symlink and send no events that survive it, so the files are read again every ``interval``."""
+
+    def digest() -> bytes:
+        hasher = hashlib.sha256()
+        for path in paths:
+            hasher.update(Path(path).read_bytes())
+        return hasher.digest()
+
+    initial = digest()
+    while True:
+        await asyncio.sleep(interval)
+        with contextlib.suppress(OSError):  # mid-rotation: a file may be missing for a moment
+            if digest() != initial:
+                return
+
+
 def _fail_open_server():
-    import aiohttp.web
     import kopf
 
     class FailOpenWebhookServer(kopf.WebhookServer):
-        @staticmethod
-        async def _serve(fn, request: aiohttp.web.Request) -> aiohttp.web.Response:
-            # Not request.text(): aiohttp caps it at 1 MiB, and an AdmissionReview of a large pod
-            # (Kubernetes allows 1.5 MiB objects, sent with their old version) is larger.
-            payload = b""
-            while chunk := await request.content.read(1 << 16):  # read() may return a part only
-                payload += chunk
-                if len(payload) > MAX_REVIEW_BYTES:
-                    break
-            try:
-                if len(payload) > MAX_REVIEW_BYTES:
-                    raise ValueError("review too large")
-                data = json.loads(payload)
-            except ValueError:
-                return aiohttp.web.json_response(allow(None))
-            holder: list[list] = []
-            token = _ANSWER.set(holder)
-            try:
-                sslpeer = request.transport.get_extra_info("peercert") if request.transport else None
-                response = await fn(
-                    data, webhook=request.match_info.get("id"), sslpeer=sslpeer, headers=dict(request.headers)
-                )
-                response["apiVersion"], response["kind"] = "admission.k8s.io/v1", "AdmissionReview"
-                response.setdefault("response", {})["allowed"] = True  # fail open: see the module docstring
-                response["response"].pop("status", None)
-                if holder and holder[-1]:
-                    patch = base64.b64encode(json.dumps(holder[-1]).encode()).decode()
-                    response["response"].update(patchType="JSONPatch", patch=patch)
-                return aiohttp.web.json_response(response)
-            except Exception:
-                return aiohttp.web.json_response(allow(data))
-            finally:
-                _ANSWER.reset(token)
+        """kopf's HTTPS webhook server (its certificate handling: mounted or self-signed files,
+        the CA bundle for the webhook configuration) serving ``AdmissionProtocol``, restarted
+        with the new certificate when the files rotate."""
+
+        async def __call__(self, fn):
+            loop = asyncio.get_running_loop()
+            while True:
+                cadata, context = self._build_ssl()
+                port = self.port or self._allocate_free_port()
+                server = await loop.create_server(
+                    lambda: AdmissionProtocol(fn, self.path or ""), self.addr or None, port, ssl=context,
+                    reuse_address=True, reuse_port=True,
+                )  # fmt: skip
+                try:
+                    host = self.host or self.DEFAULT_HOST or self._get_accessible_addr(self.addr)
+                    config = {"url": self._build_url("https" if context else "http", host, port, self.path or "")}
+                    if cadata is not None:
+                        config["caBundle"] = base64.b64encode(cadata).decode("ascii")
+                    yield config
+                    files = [f for f in (self.certfile, self.pkeyfile, self.cafile) if f is not None]
+                    if files:
+                        await until_files_change(files, self.file_check_interval)
+                    else:
+                        await asyncio.Event().wait()
+                finally:
+                    server.close()
 
     return FailOpenWebhookServer
 

@@ -250,3 +250,70 @@ async def test_the_operator_writes_with_its_token_and_logs_in_again_when_it_rota
         await runner.cleanup()
     assert [s[0] for s in seen] == ["Bearer old", "Bearer new"]
     assert seen[1][1:] == ("application/merge-patch+json", {"spec": {}})
+
+
+async def _echo(request, **_):
+    """kopf's webhook-function protocol at its simplest: the server, not the engine, is tested."""
+    return {"response": {"uid": request["request"]["uid"], "allowed": True}}
+
+
+async def _exchange(port: int, context, raw: bytes, answers: int = 1) -> list[bytes]:
+    """Send ``raw`` on one TLS connection; the heads and bodies of ``answers`` responses (a 1xx
+    interim response counts as one)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context)
+    writer.write(raw)
+    out = []
+    try:
+        for _ in range(answers):
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0]) if b" 100 " not in head else 0
+            out.append(head + await reader.readexactly(length))
+    finally:
+        writer.close()
+    return out
+
+
+def _request(body: bytes, extra: bytes = b"") -> bytes:
+    return b"POST /inject HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n%s\r\n%s" % (len(body), extra, body)
+
+
+def _uid_request(uid: str, extra: bytes = b"") -> bytes:
+    return _request(json.dumps(_review({}, uid=uid)).encode(), extra)
+
+
+async def test_webhook_server_answers_in_order_refuses_garbage_and_reloads_rotated_certificates(tmp_path):
+    from flashrt.operator.emulated import free_port
+    from flashrt.operator.webhook import MAX_REVIEW_BYTES, FailOpenWebhookServer
+
+    (tmp_path / "old").mkdir(), (tmp_path / "new").mkdir()
+    cert, key = self_signed_certificate(tmp_path / "old")
+    new_cert, new_key = self_signed_certificate(tmp_path / "new")
+    port = free_port()
+    server = FailOpenWebhookServer(
+        addr="127.0.0.1", port=port, certfile=str(cert), pkeyfile=str(key), file_check_interval=0.05
+    )
+    configs = server(_echo)
+    config = await anext(configs)
+    assert config["url"] == f"https://127.0.0.1:{port}" and base64.b64decode(config["caBundle"]) == cert.read_bytes()
+    restarted = asyncio.ensure_future(anext(configs))  # serves until the files change
+    old_ca = ssl.create_default_context(cafile=str(cert))
+    try:
+        first, second = await _exchange(port, old_ca, _uid_request("u-1") + _uid_request("u-2"), 2)
+        assert b'"uid":"u-1"' in first and b'"uid":"u-2"' in second, "pipelined reviews are answered in order"
+        interim, final = await _exchange(port, old_ca, _uid_request("u-3", b"Expect: 100-continue\r\n"), 2)
+        assert interim.startswith(b"HTTP/1.1 100 Continue") and b'"uid":"u-3"' in final
+        (oversized,) = await _exchange(port, old_ca, _request(b"x" * (MAX_REVIEW_BYTES + 1)))
+        assert oversized.startswith(b"HTTP/1.1 200") and b'"allowed":true' in oversized
+        (garbage,) = await _exchange(port, old_ca, b"GARBAGE / NOT-HTTP\r\n\r\n")
+        assert garbage.startswith(b"HTTP/1.1 400") and b"Connection: close" in garbage
+
+        new_cert.replace(cert), new_key.replace(key)  # the Secret's files swapped in place
+        config = await asyncio.wait_for(restarted, timeout=10)
+        assert base64.b64decode(config["caBundle"]) == cert.read_bytes()
+        (answer,) = await _exchange(port, ssl.create_default_context(cafile=str(cert)), _uid_request("u-4"))
+        assert b'"uid":"u-4"' in answer
+        with pytest.raises(ssl.SSLCertVerificationError):
+            await _exchange(port, old_ca, _uid_request("u-5"))
+    finally:
+        restarted.cancel()
+        await configs.aclose()
