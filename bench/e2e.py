@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from flashrt.bench.kernels import provenance
 from flashrt.kernels import moe_fused, ops
 from flashrt.runtime import SeatProfile, attach
+from flashrt.runtime.profile import from_env
 from flashrt.runtime.seats import _is_expert_bank
 
 PROMPT, GENERATED, WARM_STEPS = 128, 128, 3
@@ -368,8 +369,11 @@ def run_model(name: str, layers: int, batches: list[int], compile_model: bool, b
         record(result, rows)
     bf16_generate = generate_tok_s(model, prompts[:1])
 
-    profile = SeatProfile(parity_floor=0.98 if moe else 0.99)
+    # FLASHRT_* settings apply as in a served engine, e.g. FLASHRT_RETAIN_HOST_EXPERTS=0 sends the
+    # 128-token prefill through the packed banks too, so the first-step logits exercise them.
+    profile = from_env(base=SeatProfile(parity_floor=0.98 if moe else 0.99))
     result["parity_floor"] = profile.parity_floor
+    result["retain_host_experts"], result["moe_band_t"] = profile.retain_host_experts, profile.moe_band_t
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     handle = attach(model, profile)
