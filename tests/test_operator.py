@@ -281,9 +281,12 @@ def _uid_request(uid: str, extra: bytes = b"") -> bytes:
     return _request(json.dumps(_review({}, uid=uid)).encode(), extra)
 
 
-async def test_webhook_server_answers_in_order_refuses_garbage_and_reloads_rotated_certificates(tmp_path):
+async def test_webhook_server_answers_in_order_refuses_what_it_cannot_serve_and_reloads_rotated_certificates(
+    tmp_path, monkeypatch
+):
+    from flashrt.operator import webhook
     from flashrt.operator.emulated import free_port
-    from flashrt.operator.webhook import MAX_REVIEW_BYTES, FailOpenWebhookServer
+    from flashrt.operator.webhook import MAX_HEADER_BYTES, MAX_REVIEW_BYTES, FailOpenWebhookServer
 
     (tmp_path / "old").mkdir(), (tmp_path / "new").mkdir()
     cert, key = self_signed_certificate(tmp_path / "old")
@@ -306,6 +309,17 @@ async def test_webhook_server_answers_in_order_refuses_garbage_and_reloads_rotat
         assert oversized.startswith(b"HTTP/1.1 200") and b'"allowed":true' in oversized
         (garbage,) = await _exchange(port, old_ca, b"GARBAGE / NOT-HTTP\r\n\r\n")
         assert garbage.startswith(b"HTTP/1.1 400") and b"Connection: close" in garbage
+        (huge_head,) = await _exchange(
+            port, old_ca, _uid_request("u-h", b"X-Pad: " + b"p" * MAX_HEADER_BYTES + b"\r\n")
+        )
+        assert huge_head.startswith(b"HTTP/1.1 400"), "a request head over the limit is refused, not buffered"
+        monkeypatch.setattr(webhook, "IDLE_TIMEOUT_S", 0.2)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=old_ca)
+        try:
+            assert await asyncio.wait_for(reader.read(), timeout=5) == b"", "an idle connection is closed"
+        finally:
+            writer.close()
+        monkeypatch.undo()
 
         new_cert.replace(cert), new_key.replace(key)  # the Secret's files swapped in place
         config = await asyncio.wait_for(restarted, timeout=10)
