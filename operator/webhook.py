@@ -24,6 +24,7 @@ import asyncio
 import base64
 import contextlib
 import hashlib
+import ssl
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from pathlib import Path
@@ -256,8 +257,9 @@ def _fail_open_server():
 
         async def __call__(self, fn):
             loop = asyncio.get_running_loop()
+            files = [f for f in (self.certfile, self.pkeyfile, self.cafile) if f is not None]
+            cadata, context = self._build_ssl()
             while True:
-                cadata, context = self._build_ssl()
                 port = self.port or self._allocate_free_port()
                 server = await loop.create_server(
                     lambda: AdmissionProtocol(fn, self.path or ""), self.addr or None, port, ssl=context,
@@ -269,11 +271,13 @@ def _fail_open_server():
                     if cadata is not None:
                         config["caBundle"] = base64.b64encode(cadata).decode("ascii")
                     yield config
-                    files = [f for f in (self.certfile, self.pkeyfile, self.cafile) if f is not None]
-                    if files:
-                        await until_files_change(files, self.file_check_interval)
-                    else:
+                    if not files:
                         await asyncio.Event().wait()
+                    while True:  # the old certificate serves until the new files load together
+                        await until_files_change(files, self.file_check_interval)
+                        with contextlib.suppress(OSError, ssl.SSLError):  # half-written: wait for the rest
+                            cadata, context = self._build_ssl()
+                            break
                 finally:
                     server.close()
 

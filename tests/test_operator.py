@@ -321,7 +321,12 @@ async def test_webhook_server_answers_in_order_refuses_what_it_cannot_serve_and_
             writer.close()
         monkeypatch.undo()
 
-        new_cert.replace(cert), new_key.replace(key)  # the Secret's files swapped in place
+        new_cert.replace(cert)  # a rotation written file by file: the new certificate, then its key
+        await asyncio.sleep(0.3)
+        assert not restarted.done(), "a certificate without its key does not replace the one serving"
+        (answer,) = await _exchange(port, old_ca, _uid_request("u-mid"))
+        assert b'"uid":"u-mid"' in answer
+        new_key.replace(key)
         config = await asyncio.wait_for(restarted, timeout=10)
         assert base64.b64decode(config["caBundle"]) == cert.read_bytes()
         (answer,) = await _exchange(port, ssl.create_default_context(cafile=str(cert)), _uid_request("u-4"))
