@@ -341,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="M in {1, 16, 64} only")
     parser.add_argument("--only", choices=["linear", "moe", "quantize"], action="append")
     parser.add_argument("--moe-tokens", default=None, help="comma-separated T for the expert bank (the band sweep)")
+    parser.add_argument("--tokens", default=None, help="comma-separated M for the linear layers")
+    parser.add_argument("--shapes", default=None, help="comma-separated linear layer names (default: all)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("flashrt bench kernels needs a CUDA GPU: this machine has none (torch.cuda.is_available() is False).")
@@ -350,6 +352,12 @@ def main(argv: list[str] | None = None) -> int:
     moe_tokens = [1, 8, 16] if args.quick else MOE_TOKENS
     if args.moe_tokens:
         moe_tokens = [int(t) for t in args.moe_tokens.split(",")]
+    if args.tokens:
+        tokens = [int(t) for t in args.tokens.split(",")]
+    shapes = [s for s in LINEAR_SHAPES if not args.shapes or s[0] in args.shapes.split(",")]
+    if not shapes:
+        print(f"--shapes {args.shapes}: none of {', '.join(s[0] for s in LINEAR_SHAPES)}")
+        return 2
     result = provenance()
     bw = copy_bandwidth_tbps()
     result["copy_TBps"] = bw
@@ -371,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         rows += bench_quantize()
         save()
     if "linear" in parts:
-        for name, n, k in LINEAR_SHAPES:
+        for name, n, k in shapes:
             rows += bench_linear(name, n, k, tokens, bw)
             save()
             torch.cuda.empty_cache()

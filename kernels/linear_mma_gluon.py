@@ -264,8 +264,11 @@ def configs(m: int, n: int, k: int) -> list[dict]:
     BLOCK_M the token tile (8 is one MMA wide; more tokens reuse each decoded fragment);
     ROW_TILES 1-2 row tiles of 16 a warp; 1-8 warps: a program is 16-256 rows, and small blocks
     are what give a 4096-28672-row layer enough programs (H200, 28672 x 4096 at one token: 64-row
-    blocks left this form at 34 us, behind the GEMV's 29); WORDS_PER_THREAD 2 or 4 (8- or
-    16-byte loads).
+    blocks left this form at 34 us, behind the GEMV's 29); WORDS_PER_THREAD 2, 4 or 8 (8, 16 or
+    32 bytes a row a step). At 2-8 tokens the form waits on memory, not on issue (Nsight Compute
+    on the H200, 28672 x 4096 at 8 tokens with 4 words: 0.45 instructions issued a cycle, 5.2 of
+    every 7.9 cycles a warp waits on a load): 8 words keep twice the bytes in flight, 35-44 us
+    against 47-50 with 4 at 2-8 tokens (bench/results/h200-kernels-words.json).
     """
     from flashrt.kernels.decode import interpreted
 
@@ -277,5 +280,5 @@ def configs(m: int, n: int, k: int) -> list[dict]:
         for bm in block_ms
         for tiles in (1, 2)
         for warps in (1, 2, 4, 8)
-        for v in (2, 4)
+        for v in (2, 4, 8)
     ]
