@@ -267,8 +267,8 @@ def configs(m: int, n: int, k: int) -> list[dict]:
     blocks left this form at 34 us, behind the GEMV's 29); WORDS_PER_THREAD 2, 4 or 8 (8, 16 or
     32 bytes a row a step). At 2-8 tokens the form waits on memory, not on issue (Nsight Compute
     on the H200, 28672 x 4096 at 8 tokens with 4 words: 0.45 instructions issued a cycle, 5.2 of
-    every 7.9 cycles a warp waits on a load): 8 words keep twice the bytes in flight, 35-44 us
-    against 47-50 with 4 at 2-8 tokens (bench/results/h200-kernels-words.json).
+    every 7.9 cycles a warp waits on a load): 8 words keep twice the bytes in flight, 35-43 us
+    against 46-50 with 4 at 2-8 tokens (bench/results/h200-kernels-words.json).
     """
     from flashrt.kernels.decode import interpreted
 
