@@ -1,7 +1,7 @@
 """usage: python -m flashrt.bench kernels [--quick] [--only linear|moe|quantize] [--out PATH]
 python -m flashrt.bench seats [--layers N] [--tokens N] [--out PATH]
 python -m flashrt.bench e2e [--models a,b] [--layers N] [--batches 1,4,...] [--out PATH]
-python -m flashrt.bench plot-e2e [RESULT] [PNG]
+python -m flashrt.bench plot-e2e [RESULT ...] [PNG]
 python -m flashrt.bench prefill [--out PATH]
 python -m flashrt.bench webhook [...]"""
 

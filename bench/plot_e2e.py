@@ -1,6 +1,7 @@
-"""``python -m flashrt.bench plot-e2e [RESULT] [PNG]``: decode speedup against batch, one line a
-model, from an e2e result (default ``bench/results/h200-e2e.json`` to ``docs/img/decode-speedup.png``).
-The title names the device and the commit the figures came from."""
+"""``python -m flashrt.bench plot-e2e [RESULT ...] [PNG]``: decode speedup against batch, one line a
+model, from e2e results (default ``DEFAULT_RESULTS`` to ``docs/img/decode-speedup.png``). A model
+and batch measured in several results is drawn from the first that has it; the title names the
+device and the commits the figures came from."""
 
 from __future__ import annotations
 
@@ -9,28 +10,43 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
-DEFAULT_RESULT = ROOT / "results" / "h200-e2e.json"
+DEFAULT_RESULTS = [
+    ROOT / "results" / "h200-e2e.json",  # Llama-3-8B and Qwen3-30B-A3B shapes
+    ROOT / "results" / "h200-e2e-qwen35.json",  # Qwen3.5-35B-A3B shape, batch 1-16
+    ROOT / "results" / "h200-e2e-qwen35-b1b32.json",  # and its batch 32
+]
 DEFAULT_PNG = ROOT.parent / "docs" / "img" / "decode-speedup.png"
 
 
-def series(result: dict) -> dict[str, tuple[list[int], list[float]]]:
+def merged_rows(results: list[dict]) -> list[dict]:
+    """The rows of ``results``, each (model, batch) once: from the first result that has it."""
+    seen, rows = set(), []
+    for result in results:
+        for row in result["rows"]:
+            if (row["model"], row["batch"]) not in seen:
+                seen.add((row["model"], row["batch"]))
+                rows.append(row)
+    return rows
+
+
+def series(rows: list[dict]) -> dict[str, tuple[list[int], list[float]]]:
     """Per model, (batches, ours/bf16 decode tokens/s) in batch order."""
     out: dict[str, tuple[list[int], list[float]]] = {}
-    for row in sorted(result["rows"], key=lambda r: (r["model"], r["batch"])):
+    for row in sorted(rows, key=lambda r: (r["model"], r["batch"])):
         batches, speedups = out.setdefault(f"{row['model']} ({row['layers']} layers)", ([], []))
         batches.append(row["batch"])
         speedups.append(row["ours_tok_s"] / row["bf16_tok_s"])
     return out
 
 
-def plot(result_path: Path = DEFAULT_RESULT, png: Path = DEFAULT_PNG) -> dict[str, tuple[list[int], list[float]]]:
+def plot(result_paths: list[Path] | None = None, png: Path = DEFAULT_PNG) -> dict[str, tuple[list[int], list[float]]]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    result = json.loads(result_path.read_text())
-    lines = series(result)
+    results = [json.loads(path.read_text()) for path in result_paths or DEFAULT_RESULTS]
+    lines = series(merged_rows(results))
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
     for label, (batches, speedups) in lines.items():
         ax.plot(batches, speedups, marker="o", label=label)
@@ -40,7 +56,8 @@ def plot(result_path: Path = DEFAULT_RESULT, png: Path = DEFAULT_PNG) -> dict[st
     ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.set_xlabel("batch (sequences decoding together)")
     ax.set_ylabel("decode tokens/s, NVFP4 seats / bf16")
-    ax.set_title(f"{result['device']}, torch {result['torch']}, commit {result['commit'][:7]}", fontsize=9)
+    commits = ", ".join(dict.fromkeys(r["commit"][:7] for r in results))
+    ax.set_title(f"{results[0]['device']}, torch {results[0]['torch']}, commits {commits}", fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -52,9 +69,9 @@ def plot(result_path: Path = DEFAULT_RESULT, png: Path = DEFAULT_PNG) -> dict[st
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    result = Path(argv[0]) if argv else DEFAULT_RESULT
-    png = Path(argv[1]) if len(argv) > 1 else DEFAULT_PNG
-    for label, (batches, speedups) in plot(result, png).items():
+    results = [Path(a) for a in argv if not a.endswith(".png")] or None
+    png = next((Path(a) for a in argv if a.endswith(".png")), DEFAULT_PNG)
+    for label, (batches, speedups) in plot(results, png).items():
         print(f"{label}: " + ", ".join(f"{b}: x{s:.2f}" for b, s in zip(batches, speedups, strict=True)))
     print(f"wrote {png}")
     return 0

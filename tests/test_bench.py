@@ -50,9 +50,11 @@ def test_the_speedup_figure_is_drawn_from_the_committed_result(tmp_path):
     from flashrt.bench import plot_e2e
 
     png = tmp_path / "speedup.png"
-    lines = plot_e2e.plot(plot_e2e.DEFAULT_RESULT, png)
-    rows = json.loads(plot_e2e.DEFAULT_RESULT.read_text())["rows"]
-    assert sum(len(b) for b, _ in lines.values()) == len(rows) > 0
+    lines = plot_e2e.plot(None, png)
+    results = [json.loads(path.read_text()) for path in plot_e2e.DEFAULT_RESULTS]
+    rows = plot_e2e.merged_rows(results)
+    assert len({(r["model"], r["batch"]) for r in rows}) == len(rows) == sum(len(r["rows"]) for r in results) - 1
+    assert sum(len(b) for b, _ in lines.values()) == len(rows) > 0 and len(lines) == 3
     for label, (batches, speedups) in lines.items():
         assert batches == sorted(batches)
         for b, s in zip(batches, speedups, strict=True):
