@@ -180,7 +180,7 @@ def gate_up_reference(hidden: torch.Tensor, gate_up: NVFP4Weight, topk_ids: torc
     h = torch.empty(*topk_ids.shape, n, dtype=torch.bfloat16, device=hidden.device)
     for expert in topk_ids.unique().tolist():
         token, slot = (topk_ids == expert).nonzero(as_tuple=True)
-        gu = dequantize(_expert(gate_up, expert), torch.float64)
+        gu = dequantize(gate_up.expert(expert), torch.float64)
         y = x[token] @ gu.t()
         h[token, slot] = (F.silu(y[:, :n]) * y[:, n:]).to(torch.bfloat16)
     return h
@@ -196,7 +196,7 @@ def down_reference(
     out = torch.zeros(t, down.packed.shape[1], dtype=torch.float64, device=h.device)
     for expert in topk_ids.unique().tolist():
         token, slot = (topk_ids == expert).nonzero(as_tuple=True)
-        dn = dequantize(_expert(down, expert), torch.float64)
+        dn = dequantize(down.expert(expert), torch.float64)
         out.index_add_(0, token, (hq[token, slot] @ dn.t()) * topk_weights[token, slot].double()[:, None])
     return out
 
@@ -207,10 +207,6 @@ def moe_w4a4_reference(
     """The form's arithmetic in plain torch (both stages), returned in ``hidden``'s dtype."""
     h = gate_up_reference(hidden, gate_up, topk_ids)
     return down_reference(h, down, topk_ids, topk_weights).to(hidden.dtype)
-
-
-def _expert(bank: NVFP4Weight, e: int) -> NVFP4Weight:
-    return NVFP4Weight(bank.packed[e], bank.scales[e], bank.global_scale[e])
 
 
 def _fake_quant(x: torch.Tensor) -> torch.Tensor:

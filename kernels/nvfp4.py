@@ -56,6 +56,10 @@ class NVFP4Weight:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.packed, self.scales, self.global_scale))
 
+    def expert(self, e: int) -> NVFP4Weight:
+        """Expert ``e`` of a bank ``[E, N, K]``, as views."""
+        return NVFP4Weight(self.packed[e], self.scales[e], self.global_scale[e])
+
     def to(self, device: torch.device | str) -> NVFP4Weight:
         return NVFP4Weight(self.packed.to(device), self.scales.to(device), self.global_scale.to(device))
 

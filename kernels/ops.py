@@ -62,16 +62,12 @@ def moe_reference(
     out = torch.zeros_like(x)
     for expert in topk_ids.unique().tolist():
         token, slot = (topk_ids == expert).nonzero(as_tuple=True)
-        gu = _expert(gate_up, expert)
-        dn = _expert(down, expert)
+        gu = dequantize(gate_up.expert(expert), torch.float32)
+        dn = dequantize(down.expert(expert), torch.float32)
         h = x[token] @ gu.t()
         h = F.silu(h[:, :n]) * h[:, n:]
         out.index_add_(0, token, (h @ dn.t()) * topk_weights[token, slot].float()[:, None])
     return out.to(hidden.dtype)
-
-
-def _expert(bank: NVFP4Weight, e: int) -> torch.Tensor:
-    return dequantize(NVFP4Weight(bank.packed[e], bank.scales[e], bank.global_scale[e]), torch.float32)
 
 
 # -- device dispatch -----------------------------------------------------------------------------
