@@ -46,7 +46,7 @@ _ALIGNED_INTS = {
     "numel",
 }
 # Token counts whose configs span every BLOCK_M a form can choose.
-_TOKENS = (1, 2, 4, 16, 64, 512, 2048)
+_TOKENS = (1, 2, 4, 16, 32, 64, 512, 2048)
 
 _LINEAR_SIG = {
     "x_ptr": "*bf16",
@@ -303,12 +303,13 @@ def builds() -> Iterator[Build]:
             sig = _with_constexprs(_GEMV_GLUON_SIG, consts)
             warps = cfg["WARPS_N"] * cfg["WARPS_K"]
             yield from unique(Build("linear_gemv_gluon", fn, sig, consts, warps, 1))
-        for cfg, even_k in product(linear_mma_gluon.configs(m, 4096, 4096), (True, False)):
-            consts = {"HAS_BIAS": False, "EVEN_K": even_k} | cfg
+        for cfg in linear_mma_gluon.configs(m, 4096, 4096):
+            consts = {"HAS_BIAS": False} | cfg | {"SPLIT_K": min(cfg.get("SPLIT_K", 1), 2)}  # 2: any split
+            sig = _with_constexprs(_GEMV_GLUON_SIG, consts)
+            if consts["SPLIT_K"] > 1:
+                sig["out_ptr"] = "*fp32"  # the partials
             fn = linear_mma_gluon.nvfp4_linear_mma_gluon_kernel
-            yield from unique(
-                Build("linear_mma_gluon", fn, _with_constexprs(_GEMV_GLUON_SIG, consts), consts, cfg["WARPS"], 1)
-            )
+            yield from unique(Build("linear_mma_gluon", fn, sig, consts, cfg["WARPS"], 1))
     for t in _TOKENS:
         for cfg in moe_fused.configs(t, 768, 2048):
             for weight_bf16, even_k in product((False, True), (True, False)):

@@ -1,20 +1,30 @@
-"""Weight-only NVFP4 linear on tensor cores, decoded straight into the MMA's registers (Gluon).
+"""Weight-only NVFP4 linear on tensor cores, fed by a ring of asynchronous copies (Gluon).
 
 ``y [M, N] = x [M, K] @ dequant(W)[N, K]^T + bias``, computed as ``y^T = W @ x^T`` (swap-AB):
 weight rows fill the 16-row side of ``mma.sync.m16n8k16`` and the tokens its 8-wide side, so one
 decoded weight fragment serves up to 8 tokens per instruction and the tensor cores do every
-multiply-add. What is left per weight element is the decode, about 2.5 instructions:
+multiply-add. What is left per weight element is the decode, about 3 instructions:
 
 * A ``mma.sync`` A-fragment holds, per thread, pairs of K-neighbours of two rows. The dot product
   does not care in which order K is summed, so the kernel *chooses* the order: the four bf16
   pairs a thread decodes from one 32-bit word (elements ``q`` and ``q + 4``, ``q = 0..3``) are
   declared to be the K-neighbours the fragment wants, and the activations are gathered in the
-  same permuted order. The weight words go from global memory to registers with no shuffle and
-  no shared memory (``convert_layout(..., assert_trivial=True)`` proves it at compile time).
+  same permuted order. A thread's words go from shared memory to its registers as they lie and
+  become its fragment with no shuffle (``convert_layout(..., assert_trivial=True)`` proves it at
+  compile time).
 * Each pair is made by moving bits: an E2M1 code ``s e1 e0 m`` at bf16 bits 15, 8, 7 and 6 is
   the bf16 ``e2m1 * 2**-126`` exactly (code 0.5 lands on the subnormal ``2**-127``); one
   ``mul.bf16x2`` by ``scale * 2**119`` makes it ``e2m1 * scale * 2**-7`` (exact: at most six
   significant bits, and normal), and ``2**7`` goes into the fp32 epilogue with the global scale.
+
+Bytes reach the SM through a ring of ``STAGES`` shared-memory slots filled by ``cp.async``
+(16-byte copies) ``STAGES - 1`` steps ahead: weight words, their scale bytes and the activation
+step. Loading into registers one step ahead instead, this form waited on memory (Nsight
+Compute on the H200, 28672 x 4096 at 8 tokens: 0.45 instructions issued a cycle, a warp waiting
+on a load 5.2 of every 7.9 cycles, 22% occupancy for want of registers): registers bounded the
+bytes in flight, the ring does not. Same shape and GPU: 28 us at 1-8 tokens against 29-38 us
+before and cuBLAS bf16's 56-61. Layers with few rows split K (``SPLIT_K``) as ``linear_mma``
+does, and share its ordered reduce.
 
 Gluon does not run under ``TRITON_INTERPRET``: CI builds it for every target and checks the bit
 placement in plain torch (``bf16_bits``); the GPU suite checks the kernel against the reference.
@@ -25,9 +35,14 @@ from __future__ import annotations
 import torch
 import triton
 from flashrt.kernels.decode import placed_pairs, shift_ptx
+from flashrt.kernels.linear_mma import MIN_PROGRAMS, REDUCE_BLOCK, splitk_reduce_kernel
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+
+# Triton 3.6 and 3.9 name these two differently.
+_async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 # Pair q of a 32-bit word is (element q, element q + 4): 16 bits apart, one shift serves both.
 MAGNITUDE_SHIFT = tuple(6 - 4 * q for q in range(4))  # code bits 0-2 of element q -> bf16 bits 6-8
@@ -38,6 +53,11 @@ SCALE_FACTOR = 2.0**119  # folded into the block scale: bf16 keeps 448 * 2**119
 EPILOGUE_FACTOR = 2.0**7  # e2m1 * 2**-126 * scale * 2**119 = e2m1 * scale * 2**-7
 _SCALE_FACTOR = gl.constexpr(SCALE_FACTOR)
 _EPILOGUE_FACTOR = gl.constexpr(EPILOGUE_FACTOR)
+# Words a thread decodes a row a step: 32 bytes, whose 4 scale bytes are one int32. With 2 or 4
+# words (and registers as the only buffer) 8 had won every shape at 2-8 tokens.
+WORDS_PER_THREAD = 8
+V = gl.constexpr(WORDS_PER_THREAD)
+BLOCK_K = 32 * WORDS_PER_THREAD  # 4 threads x 8 words x 8 elements along one row
 
 
 def _decode_ptx() -> str:
@@ -83,43 +103,37 @@ def _pairs_to_bf16(pairs):
 
 
 @gluon.constexpr_function
-def words_layout(row_tiles, warps, words_per_thread):
-    """Layout of the weight words ``[BLOCK_N, 4, V/2, 2]`` (row, lane-in-quad, group, word):
+def words_layout(row_tiles, warps):
+    """Layout of a step's weight words ``[BLOCK_N, 4, V/2, 2]`` (row, lane-in-quad, group, word):
     the rows and lanes of a ``mma.sync`` A-fragment (row = lane/4 + 8 * reg + 16 * warp, then
     row tiles), each thread's V words contiguous in one row."""
-    v_bases = [[0, 0, 1 << i, 0] for i in range((words_per_thread // 2).bit_length() - 1)]
+    v_bases = [[0, 0, 1 << i, 0] for i in range((WORDS_PER_THREAD // 2).bit_length() - 1)]
     reg = [[0, 0, 0, 1], *v_bases, [8, 0, 0, 0]]
     reg += [[16 * warps << i, 0, 0, 0] for i in range(row_tiles.bit_length() - 1)]
     lanes = [[0, 1, 0, 0], [0, 2, 0, 0], [1, 0, 0, 0], [2, 0, 0, 0], [4, 0, 0, 0]]
     warp = [[16 << i, 0, 0, 0] for i in range(warps.bit_length() - 1)]
-    shape = [16 * row_tiles * warps, 4, words_per_thread // 2, 2]
+    shape = [16 * row_tiles * warps, 4, WORDS_PER_THREAD // 2, 2]
     return gl.DistributedLinearLayout(reg, lanes, warp, [], shape)
 
 
 @gluon.constexpr_function
-def activations_layout(block_m, warps, words_per_thread):
-    """Layout of the activation tile ``[BLOCK_K, BLOCK_M]`` in memory order: each thread holds
-    the 8 * V contiguous elements its weight words cover (16-byte loads), lanes as in the MMA's
-    B-fragment (lane-in-quad along K, lane/4 the token), every warp a full copy."""
-    run = 8 * words_per_thread
-    reg = [[1 << i, 0] for i in range(run.bit_length() - 1)]
-    reg += [[0, 8 << i] for i in range((block_m // 8).bit_length() - 1)]
-    lanes = [[run, 0], [2 * run, 0], [0, 1], [0, 2], [0, 4]]
-    return gl.DistributedLinearLayout(reg, lanes, [[0, 0]] * (warps.bit_length() - 1), [], [4 * run, block_m])
+def activations_layout(block_m, warps):
+    """The activation step ``[BLOCK_M * 4, 8V]`` (row ``4 * token + t``: quarter ``t`` of the
+    step's K) as every warp reads it: a thread's 8V elements of one row, lanes as in the MMA's
+    B-fragment (lane-in-quad the quarter, lane/4 the token)."""
+    run = 8 * WORDS_PER_THREAD
+    reg = [[0, 1 << i] for i in range(run.bit_length() - 1)]
+    reg += [[32 << i, 0] for i in range((block_m // 8).bit_length() - 1)]
+    lanes = [[1, 0], [2, 0], [4, 0], [8, 0], [16, 0]]
+    return gl.DistributedLinearLayout(reg, lanes, [[0, 0]] * (warps.bit_length() - 1), [], [4 * block_m, run])
 
 
 @gluon.jit
-def _load_weights(words_ptr, scales_ptr, k0, K, word_off, scale_off, group3, EVEN_K: gl.constexpr):
-    """Scale bytes and weight words of the step at ``k0``; masked along K only when K is ragged."""
-    g0 = k0 // 16
-    if EVEN_K:
-        raw = gl.load(scales_ptr + g0 + scale_off)
-        words = gl.load(words_ptr + g0 * 2 + word_off)
-    else:
-        k_mask3 = g0 + group3 < K // 16
-        raw = gl.load(scales_ptr + g0 + scale_off, mask=k_mask3, other=0)
-        words = gl.load(words_ptr + g0 * 2 + word_off, mask=gl.expand_dims(k_mask3, 3), other=0)
-    return raw, words
+def _issue(words_slot, scales_slot, x_slot, words_ptr, scales_ptr, x_ptr, step, word_off, scale_off, x_off, x_mask):
+    """Start the copies of step ``step`` into one slot of the ring."""
+    _async_load(words_slot, words_ptr + step * (4 * V) + word_off)
+    _async_load(scales_slot, scales_ptr + step * (V // 2) + scale_off)
+    _async_load(x_slot, x_ptr + step * (32 * V) + x_off, mask=x_mask)
 
 
 @gluon.jit
@@ -131,88 +145,116 @@ def nvfp4_linear_mma_gluon_kernel(
     global_scale_ptr,
     bias_ptr,
     out_ptr,
-    # dimensions
+    # dimensions (K a multiple of BLOCK_K)
     M,
     N,
     K,
-    # strides (x and out in elements, weight rows in int32 words, scale rows in scales)
+    # strides (x and out in elements, weight rows in int32 words, scale rows in int32 words)
     stride_xm,
     stride_om,
     stride_wn,
     stride_sn,
     # meta-parameters
     HAS_BIAS: gl.constexpr,
-    EVEN_K: gl.constexpr,
     BLOCK_M: gl.constexpr,
     ROW_TILES: gl.constexpr,
     WARPS: gl.constexpr,
-    WORDS_PER_THREAD: gl.constexpr,
+    STAGES: gl.constexpr,
+    SPLIT_K: gl.constexpr,
 ):
-    V: gl.constexpr = WORDS_PER_THREAD
     BLOCK_N: gl.constexpr = 16 * ROW_TILES * WARPS
-    BLOCK_K: gl.constexpr = 32 * V  # 4 threads x V words x 8 elements along one row
+    BLOCK_K: gl.constexpr = 32 * V
     ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
     A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
     B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=ACC, k_width=2)
-    WORDS: gl.constexpr = words_layout(ROW_TILES, WARPS, V)
+    WORDS: gl.constexpr = words_layout(ROW_TILES, WARPS)
+    SCALES: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, WORDS))  # [BLOCK_N, 4] int32: a thread's 4 bytes
+    ACTS: gl.constexpr = activations_layout(BLOCK_M, WARPS)
+    # Copies: a row's step is 4V words, 8 threads a row at 16 bytes; an activation row 8V elements.
+    WORDS_COPY: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [WARPS, 1], [1, 0])
+    ACTS_COPY: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
+    PLAIN: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    # 16-byte chunks of a 128-byte activation row XOR-ed with the row: the 8 lanes of a shared
+    # memory phase (4 quarters x 2 tokens) read 8 different banks.
+    SWIZZLED: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, order=[1, 0])
 
     pid_n = gl.program_id(0)
     pid_m = gl.program_id(1)
+    pid_k = gl.program_id(2)
 
-    # Word (row, t, g, h) of a step is word 2 * (V/2 * t + g) + h of the row's step: the thread
-    # with lane-in-quad t reads V consecutive words.
-    r4 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, WORDS))))
-    t4 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, WORDS))))
+    # Rows past N read row N - 1 instead of being masked (their outputs are never stored).
+    wr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, WORDS_COPY))
+    wc = gl.arange(0, 4 * V, layout=gl.SliceLayout(0, WORDS_COPY))
+    word_off = gl.expand_dims(gl.minimum(pid_n * BLOCK_N + wr, N - 1).to(gl.int64) * stride_wn, 1)
+    word_off = word_off + gl.expand_dims(wc, 0)
+    sr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, SCALES))
+    st = gl.arange(0, 4, layout=gl.SliceLayout(0, SCALES))
+    scale_off = gl.expand_dims(gl.minimum(pid_n * BLOCK_N + sr, N - 1).to(gl.int64) * stride_sn, 1)
+    scale_off = scale_off + gl.expand_dims(st, 0)
     g4 = gl.arange(0, V // 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, WORDS))))
-    h4 = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, WORDS))))
-    # Rows past N read row N - 1 instead of being masked: a masked load zeroes its registers
-    # first (CS2R in SASS, per step), and those rows' outputs are never stored.
-    rows = gl.minimum(pid_n * BLOCK_N + r4, N - 1)
-    group3 = gl.expand_dims(gl.expand_dims(t4 * (V // 2), 0), 2) + gl.expand_dims(gl.expand_dims(g4, 0), 1)
-    rows3 = gl.expand_dims(gl.expand_dims(rows, 1), 2)
-    scale_off = rows3.to(gl.int64) * stride_sn + group3
-    word_off = gl.expand_dims(rows3.to(gl.int64) * stride_wn + group3 * 2, 3)
-    word_off = word_off + gl.expand_dims(gl.expand_dims(gl.expand_dims(h4, 0), 1), 2)
+    byte_shift = gl.expand_dims(gl.expand_dims(g4 * 8, 0), 1)  # group g's byte of a thread's scale word
+    xr = gl.arange(0, 4 * BLOCK_M, layout=gl.SliceLayout(1, ACTS_COPY))
+    xc = gl.arange(0, 8 * V, layout=gl.SliceLayout(0, ACTS_COPY))
+    tokens = pid_m * BLOCK_M + xr // 4
+    x_off = gl.expand_dims(tokens.to(gl.int64) * stride_xm + (xr % 4) * (8 * V), 1) + gl.expand_dims(xc, 0)
+    x_mask = gl.expand_dims(tokens < M, 1)
 
-    # The activations, loaded in memory order (k = 8 * (V * t + v) + q + 4 * e for element q and
-    # q + 4 of word v of the thread with lane-in-quad t), then put in the fragment's K order.
-    ACTS: gl.constexpr = activations_layout(BLOCK_M, WARPS, V)
-    ka = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(1, ACTS))
-    tokens = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ACTS))
-    x_off = gl.expand_dims(ka, 1) + gl.expand_dims(tokens.to(gl.int64) * stride_xm, 0)
-    token_mask = gl.expand_dims(tokens < M, 0)
+    words_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 4 * V], PLAIN)
+    scales_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 4], PLAIN)
+    x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, 4 * BLOCK_M, 8 * V], SWIZZLED)
+
+    per_split = gl.cdiv(K // BLOCK_K, SPLIT_K)
+    first = pid_k * per_split
+    steps = gl.minimum(per_split, K // BLOCK_K - first)
+    for s in gl.static_range(STAGES - 1):
+        if s < steps:
+            _issue(
+                words_ring.index(s), scales_ring.index(s), x_ring.index(s),
+                words_ptr, scales_ptr, x_ptr, first + s, word_off, scale_off, x_off, x_mask,
+            )  # fmt: skip
+        async_copy.commit_group()  # one group a step, empty or not: the wait below counts them
 
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=ACC)
-    raw, words = _load_weights(words_ptr, scales_ptr, 0, K, word_off, scale_off, group3, EVEN_K)
-    for k0 in range(0, K, BLOCK_K):
-        # The next step's words are in flight while this one decodes (loading at the top of the
-        # step never won a shape on the H200). With EVEN_K the last step re-reads itself instead
-        # of reading past the row.
-        k_next = gl.minimum(k0 + BLOCK_K, K - BLOCK_K) if EVEN_K else k0 + BLOCK_K
-        raw_next, words_next = _load_weights(words_ptr, scales_ptr, k_next, K, word_off, scale_off, group3, EVEN_K)
-        x_mask = token_mask if EVEN_K else token_mask & gl.expand_dims(k0 + ka < K, 1)
-        scale = (raw.to(gl.float8e4nv, bitcast=True).to(gl.float32) * _SCALE_FACTOR).to(gl.bfloat16)
+    for i in range(steps):
+        async_copy.wait_group(STAGES - 2)  # this thread's copies of step i have landed
+        _barrier()  # everyone's have, and everyone is done with the slot refilled next
+        ahead = i + STAGES - 1
+        if ahead < steps:
+            slot = ahead % STAGES
+            _issue(
+                words_ring.index(slot), scales_ring.index(slot), x_ring.index(slot),
+                words_ptr, scales_ptr, x_ptr, first + ahead, word_off, scale_off, x_off, x_mask,
+            )  # fmt: skip
+        async_copy.commit_group()
+        slot = i % STAGES
+        words = words_ring.index(slot).reshape([BLOCK_N, 4, V // 2, 2]).load(WORDS)
+        raw = (gl.expand_dims(scales_ring.index(slot).load(SCALES), 2) >> byte_shift) & 0xFF
+        scale = (raw.to(gl.uint8).to(gl.float8e4nv, bitcast=True).to(gl.float32) * _SCALE_FACTOR).to(gl.bfloat16)
         p0, p1, p2, p3 = _decode(words, gl.broadcast(gl.expand_dims(scale, 3), words)[0])
         # [rows, t, g, h, q0, q1] -> [rows, g, h, q1, q0, t]: pair = t + 4 q0 + 8 q1 + 16 (2g + h)
         pairs = gl.join(gl.join(p0, p1), gl.join(p2, p3))
         pairs = gl.reshape(gl.permute(pairs, (0, 2, 3, 5, 4, 1)), (BLOCK_N, BLOCK_K // 2))
         a = gl.reshape(_pairs_to_bf16(pairs), (BLOCK_N, BLOCK_K))
         a = gl.convert_layout(a, A_OP, assert_trivial=True)
-        x = gl.load(x_ptr + k0 + x_off, mask=x_mask, other=0.0).to(gl.bfloat16)
-        # [t, v, e, q1, q0, tokens] -> [v, q1, q0, t, e, tokens]: the order the pairs above took
-        x = gl.permute(gl.reshape(x, (4, V, 2, 2, 2, BLOCK_M)), (1, 3, 4, 0, 2, 5))
+        x = x_ring.index(slot).load(ACTS)
+        # [token, t, v, e, q1, q0] -> [v, q1, q0, t, e, token]: the order the pairs above took
+        x = gl.permute(gl.reshape(x, (BLOCK_M, 4, V, 2, 2, 2)), (2, 4, 5, 1, 3, 0))
         b = gl.convert_layout(gl.reshape(x, (BLOCK_K, BLOCK_M)), B_OP, assert_trivial=True)
         acc = mma_v2(a, b, acc)
-        raw, words = raw_next, words_next
+    async_copy.wait_group(0)
 
-    acc = acc * (gl.load(global_scale_ptr) * _EPILOGUE_FACTOR)
     offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
     offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ACC))
-    if HAS_BIAS:
-        acc += gl.expand_dims(gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(gl.float32), 1)
-    out = out_ptr + gl.expand_dims(offs_m.to(gl.int64) * stride_om, 0) + gl.expand_dims(offs_n, 1)
     mask = gl.expand_dims(offs_n < N, 1) & gl.expand_dims(offs_m < M, 0)
-    gl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    if SPLIT_K > 1:  # fp32 partials [SPLIT_K, M, N], still times 2**-7: the reduce finishes them
+        part = out_ptr + gl.expand_dims((pid_k * M + offs_m.to(gl.int64)) * N, 0) + gl.expand_dims(offs_n, 1)
+        gl.store(part, acc, mask=mask)
+    else:
+        acc = acc * (gl.load(global_scale_ptr) * _EPILOGUE_FACTOR)
+        if HAS_BIAS:
+            acc += gl.expand_dims(gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(gl.float32), 1)
+        out = out_ptr + gl.expand_dims(offs_m.to(gl.int64) * stride_om, 0) + gl.expand_dims(offs_n, 1)
+        gl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def launch(
@@ -226,59 +268,86 @@ def launch(
     use_prmt: bool,
 ) -> torch.Tensor:
     """Run the kernel; ``use_prmt`` is unused. bf16 activations only: the MMA multiplies bf16, and
-    fp16 activations rounded to bf16 would lose three bits (the adjudicator records the refusal)."""
+    fp16 activations rounded to bf16 would lose three bits (the adjudicator records the refusal).
+    K a multiple of ``BLOCK_K`` (``configs`` offers nothing else)."""
     if x.dtype != torch.bfloat16:
         raise ValueError(f"x must be bfloat16 for the bf16 tensor-core form, got {x.dtype}")
     m, k = x.shape
     n = packed.shape[0]
     block_n = 16 * config["ROW_TILES"] * config["WARPS"]
-    grid = (triton.cdiv(n, block_n), triton.cdiv(m, config["BLOCK_M"]))
+    split = config.get("SPLIT_K", 1)
+    target = out if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(n, block_n), triton.cdiv(m, config["BLOCK_M"]), split)
     nvfp4_linear_mma_gluon_kernel[grid](
         x,
         packed.view(torch.int32),
-        scales.view(torch.uint8),
+        scales.view(torch.uint8).view(torch.int32),
         global_scale,
         bias if bias is not None else out,
-        out,
+        target,
         m,
         n,
         k,
         x.stride(0),
         out.stride(0),
         packed.stride(0) // 4,
-        scales.stride(0),
+        scales.stride(0) // 4,
         HAS_BIAS=bias is not None,
-        EVEN_K=k % (32 * config["WORDS_PER_THREAD"]) == 0,
         BLOCK_M=config["BLOCK_M"],
         ROW_TILES=config["ROW_TILES"],
         WARPS=config["WARPS"],
-        WORDS_PER_THREAD=config["WORDS_PER_THREAD"],
+        STAGES=config["STAGES"],
+        SPLIT_K=split,
         num_warps=config["WARPS"],
     )
+    if split > 1:
+        splitk_reduce_kernel[(m, triton.cdiv(n, REDUCE_BLOCK))](
+            target, global_scale * EPILOGUE_FACTOR, bias if bias is not None else out, out, m, n, out.stride(0),
+            SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=REDUCE_BLOCK, num_warps=4,
+        )  # fmt: skip
     return out
 
 
-def configs(m: int, n: int, k: int) -> list[dict]:
-    """Candidates for one shape: bf16 activations on a compiled GPU (Gluon has no interpreter).
+# Shared memory a ring may take: what sm_90, sm_100 and sm_110 give a block (227 KiB), less the
+# compiler's own. sm_120 gives 99 KiB: there the larger rings fail to launch and are refused.
+RING_BYTES = 224 << 10
+MAX_TOKENS = 128  # from here on the tensor-core forms with larger tiles (mma, dequant) win
 
-    BLOCK_M the token tile (8 is one MMA wide; more tokens reuse each decoded fragment);
-    ROW_TILES 1-2 row tiles of 16 a warp; 1-8 warps: a program is 16-256 rows, and small blocks
-    are what give a 4096-28672-row layer enough programs (H200, 28672 x 4096 at one token: 64-row
-    blocks left this form at 34 us, behind the GEMV's 29); WORDS_PER_THREAD 2, 4 or 8 (8, 16 or
-    32 bytes a row a step). At 2-8 tokens the form waits on memory, not on issue (Nsight Compute
-    on the H200, 28672 x 4096 at 8 tokens with 4 words: 0.45 instructions issued a cycle, 5.2 of
-    every 7.9 cycles a warp waits on a load): 8 words keep twice the bytes in flight, 35-43 us
-    against 46-50 with 4 at 2-8 tokens (bench/results/h200-kernels-words.json).
+
+def ring_bytes(config: dict) -> int:
+    """Shared memory of a config's ring: a step's words and scale bytes (144 bytes a row) and
+    activations (512 bytes a token), times the stages."""
+    block_n = 16 * config["ROW_TILES"] * config["WARPS"]
+    return config["STAGES"] * (block_n * (4 * WORDS_PER_THREAD * 4 + 16) + config["BLOCK_M"] * BLOCK_K * 2)
+
+
+def configs(m: int, n: int, k: int) -> list[dict]:
+    """Candidates for one shape: bf16 activations, K in whole steps, on a compiled GPU.
+
+    BLOCK_M the token tile: the smallest of 8-64 that holds the batch (one decoded fragment
+    serves every token). ROW_TILES 1-2 row tiles of 16 a warp, 2 or 4 warps: a program is 32-128
+    rows, small enough that a 4096-row layer still makes programs for every SM. STAGES 3-4: on
+    the H200 six stages never won a shape at 1-64 tokens, and cost occupancy. Where the tiles
+    make fewer than ``MIN_PROGRAMS`` programs, split-K variants that reach it (each split at
+    least two steps): H200, the 4096 x 14336 down projection at 1-8 tokens in 18 us split in 4,
+    against 30 us unsplit.
     """
     from flashrt.kernels.decode import interpreted
 
-    if interpreted() or k % 16:
+    if interpreted() or k % BLOCK_K or m > MAX_TOKENS:
         return []
-    block_ms = [bm for bm in (8, 16, 32, 64) if bm // 2 < max(m, 8)][-2:]
-    return [
-        {"BLOCK_M": bm, "ROW_TILES": tiles, "WARPS": warps, "WORDS_PER_THREAD": v}
-        for bm in block_ms
-        for tiles in (1, 2)
-        for warps in (1, 2, 4, 8)
-        for v in (2, 4, 8)
-    ]
+    block_m = next(bm for bm in (8, 16, 32, 64) if bm >= min(m, 64))
+    out = []
+    for tiles in (1, 2):
+        for warps in (2, 4):
+            for stages in (3, 4):
+                base = {"BLOCK_M": block_m, "ROW_TILES": tiles, "WARPS": warps, "STAGES": stages}
+                if ring_bytes(base) > RING_BYTES:
+                    continue
+                out.append(base)
+                programs = triton.cdiv(n, 16 * tiles * warps) * triton.cdiv(m, block_m)
+                split = triton.next_power_of_2(triton.cdiv(MIN_PROGRAMS, programs))
+                for s in (split, 2 * split):
+                    if 1 < s <= 16 and k >= 2 * BLOCK_K * s:
+                        out.append({**base, "SPLIT_K": s})
+    return out

@@ -24,18 +24,29 @@ def test_every_kernel_config_builds_for(arch):
     assert f"sm_{arch}: " in done.stdout
 
 
-def test_gluon_forms_keep_every_operand_in_registers():
-    """The reason the Gluon forms exist: no shared memory in the main loop, so no barrier. The
-    only shared memory allowed is the GEMV's one cross-warp sum at the end when warps split K."""
+def test_gluon_gemvs_keep_every_operand_in_registers_and_the_mma_form_streams_through_its_ring():
+    """Why the Gluon forms exist. The GEMVs: no shared memory in the main loop, so no barrier;
+    the only shared memory allowed is the one cross-warp sum at the end when warps split K. The
+    tensor-core form: exactly its ring (``ring_bytes``), filled by 16-byte ``cp.async`` copies for
+    the weight words and activations, and read back with 16-byte shared loads."""
     code = """
-from flashrt.kernels import build
+import re
+from flashrt.kernels import build, linear_mma_gluon
 names = {"linear_gemv_gluon", "linear_mma_gluon", "moe_gate_up_gemv", "moe_down_gemv"}
 kernels = [b for b in build.builds() if b.name in names]
 assert {b.name for b in kernels} == names
 for b in kernels:
     for arch in build.TARGETS:
-        shared = build.compile_for(b, arch).metadata.shared
+        compiled = build.compile_for(b, arch)
+        shared = compiled.metadata.shared
         c = b.constexprs
+        if b.name == "linear_mma_gluon":
+            assert shared == linear_mma_gluon.ring_bytes(c), (arch, c, shared)
+            ptx = compiled.asm["ptx"]
+            sizes = re.findall(r"cp\\.async\\.c[ag]\\.shared\\.global \\[[^]]*\\], \\[[^]]*\\], (0x[0-9a-f]+)", ptx)
+            assert sizes.count("0x10") >= len(sizes) // 2 and set(sizes) <= {"0x10", "0x4"}, (arch, c, set(sizes))
+            assert "ld.shared.v4" in ptx and ptx.count("ld.global") <= 1, (arch, c)  # the global scale only
+            continue
         final_sum = 0
         if c.get("WARPS_K", 1) > 1:
             rows = c["ROWS"] * (2 if b.name == "moe_gate_up_gemv" else 1)  # gate and up rows

@@ -134,7 +134,7 @@ LINEAR_CONFIGS = {
     "gemv": {"BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4, "num_stages": 2},
     "gemv_gluon": {"ROWS": 4, "GROUPS": 2, "WARPS_N": 2, "WARPS_K": 2},
     "mma": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4, "num_stages": 2},
-    "mma_gluon": {"BLOCK_M": 16, "ROW_TILES": 2, "WARPS": 4, "WORDS_PER_THREAD": 4},
+    "mma_gluon": {"BLOCK_M": 16, "ROW_TILES": 2, "WARPS": 4, "STAGES": 3},
     "dequant": {"BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4},
 }
 LINEAR_CASES = [(form, m, k) for form in LINEAR_FORMS for m in LINEAR_TOKENS[form] for k in (768, 2048, 4096)]
@@ -170,6 +170,25 @@ def test_split_k_sums_every_split_once(m, k, split, device):
     config = {**LINEAR_CONFIGS["mma"], "BLOCK_K": 128, "SPLIT_K": split}
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
     linear_mma.launch(x, q.packed, q.scales, q.global_scale, bias, out, config, _prmt(device))
+    ref = ops.linear_reference(x, q, bias)
+    assert not out.isnan().any()
+    assert (out.double() - ref.double()).norm() / ref.double().norm() < 1e-2
+
+
+@pytest.mark.skipif(not ON_GPU, reason="Gluon has no interpreter: CI builds it and checks its decoder")
+@pytest.mark.parametrize(
+    ("m", "k", "split", "stages"), [(1, 768, 2, 3), (3, 4096, 3, 4), (9, 768, 4, 3), (20, 2048, 1, 4)]
+)
+def test_mma_gluon_ring_and_splits_cover_every_step_once(m, k, split, stages, device):
+    """The ring form at step counts that do not divide: 3 steps in 2 splits (2 + 1), 16 in 3
+    (6 + 6 + 4), 3 in 4 (the last split has none and adds zeros), fewer steps than stages."""
+    n = 1000
+    q = nvfp4.quantize(torch.randn(n, k, dtype=torch.bfloat16, device=device))
+    x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
+    bias = torch.randn(n, dtype=torch.bfloat16, device=device)
+    config = {**LINEAR_CONFIGS["mma_gluon"], "BLOCK_M": 8 if m <= 8 else 32, "STAGES": stages, "SPLIT_K": split}
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
+    linear_mma_gluon.launch(x, q.packed, q.scales, q.global_scale, bias, out, config, False)
     ref = ops.linear_reference(x, q, bias)
     assert not out.isnan().any()
     assert (out.double() - ref.double()).norm() / ref.double().norm() < 1e-2
