@@ -11,7 +11,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_RESULTS = [
-    ROOT / "results" / "h200-e2e.json",  # Llama-3-8B and Qwen3-30B-A3B shapes
+    ROOT / "results" / "h200-e2e-llama-ring.json",  # Llama-3-8B shape, the ring-fed mma_gluon
+    ROOT / "results" / "h200-e2e.json",  # Qwen3-30B-A3B shape (and Llama before the ring)
     ROOT / "results" / "h200-e2e-qwen35.json",  # Qwen3.5-35B-A3B shape, batch 1-16
     ROOT / "results" / "h200-e2e-qwen35-b1b32.json",  # and its batch 32
 ]

@@ -53,7 +53,13 @@ def test_the_speedup_figure_is_drawn_from_the_committed_result(tmp_path):
     lines = plot_e2e.plot(None, png)
     results = [json.loads(path.read_text()) for path in plot_e2e.DEFAULT_RESULTS]
     rows = plot_e2e.merged_rows(results)
-    assert len({(r["model"], r["batch"]) for r in rows}) == len(rows) == sum(len(r["rows"]) for r in results) - 1
+    everywhere = [(r["model"], r["batch"]) for result in results for r in result["rows"]]
+    assert len({(r["model"], r["batch"]) for r in rows}) == len(rows) == len(set(everywhere)) < len(everywhere)
+    for row in rows:  # each from the first result that has it
+        first = next(
+            res for res in results if any((r["model"], r["batch"]) == (row["model"], row["batch"]) for r in res["rows"])
+        )
+        assert any(r is row for r in first["rows"])
     assert sum(len(b) for b, _ in lines.values()) == len(rows) > 0 and len(lines) == 3
     for label, (batches, speedups) in lines.items():
         assert batches == sorted(batches)
@@ -70,7 +76,7 @@ def test_w4a4_emulation_of_the_bank_is_the_w4a4_kernels_arithmetic():
     from flashrt.kernels import dequantize, nvfp4
     from flashrt.kernels.moe_w4a4 import moe_w4a4_reference
 
-    e, n, k, t = 4, 64, 128, 5
+    e, n, k, t = 4, 64, 128, 16
     gu = nvfp4.quantize_reference(torch.randn(e, 2 * n, k, dtype=torch.bfloat16))
     dn = nvfp4.quantize_reference(torch.randn(e, k, n, dtype=torch.bfloat16))
     bank = torch.nn.Module()
@@ -81,5 +87,10 @@ def test_w4a4_emulation_of_the_bank_is_the_w4a4_kernels_arithmetic():
     with torch.no_grad():
         got = e2e._w4a4_bank(bank, hidden, ids, weights.to(torch.bfloat16)).double()
     ref = moe_w4a4_reference(hidden, gu, dn, ids, weights.to(torch.bfloat16)).double()
-    # measured: 0.9999; without quantizing h 0.996, without any activation quantization 0.988
-    assert torch.nn.functional.cosine_similarity(got.flatten(), ref.flatten(), dim=0) > 0.999
+    # The two round in different precisions (fp32 here, float64 there), so now and then an element
+    # of h sits on an NVFP4 rounding boundary and flips its code, taking that token's cosine to
+    # about 0.99. So the median over tokens: at least 0.99963 in 150 seeds, 0.99999 typically;
+    # without quantizing h 0.9972 typically (0.9961 the lowest); without any activation
+    # quantization about 0.988.
+    per_token = torch.nn.functional.cosine_similarity(got, ref, dim=1)
+    assert per_token.median() > 0.999
