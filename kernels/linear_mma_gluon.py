@@ -257,6 +257,19 @@ def nvfp4_linear_mma_gluon_kernel(
         gl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+def _copyable(t: torch.Tensor) -> bool:
+    """Rows ``cp.async`` can move in 16-byte chunks: Triton compiles the ring only for those, and
+    a pointer it cannot prove aligned fails to build."""
+    return t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0 and t.stride(-1) == 1
+
+
+def aligned_activations(x: torch.Tensor) -> torch.Tensor:
+    """``x``, or a copy of it where ``cp.async`` could not read it (a view starting off 16 bytes,
+    rows not whole 16-byte chunks). Weights are aligned once at bind; activations can arrive as
+    any view, so they are checked each call."""
+    return x if _copyable(x) else x.clone(memory_format=torch.contiguous_format)
+
+
 def launch(
     x: torch.Tensor,
     packed: torch.Tensor,
@@ -272,6 +285,10 @@ def launch(
     K a multiple of ``BLOCK_K`` (``configs`` offers nothing else)."""
     if x.dtype != torch.bfloat16:
         raise ValueError(f"x must be bfloat16 for the bf16 tensor-core form, got {x.dtype}")
+    for name, t in (("packed", packed), ("scales", scales)):
+        if not _copyable(t):
+            raise ValueError(f"{name} must start on 16 bytes with rows of whole 16-byte chunks for cp.async")
+    x = aligned_activations(x)
     m, k = x.shape
     n = packed.shape[0]
     block_n = 16 * config["ROW_TILES"] * config["WARPS"]

@@ -211,6 +211,19 @@ def test_the_dequant_form_decodes_the_same_numbers_as_the_reference(k, device):
     assert not linear_dequant.configs(4096, 65536, 4096), "nor where the decoded copy would be a memory spike"
 
 
+def test_the_ring_form_reads_activations_only_from_16_byte_rows():
+    """cp.async moves 16-byte chunks and Triton builds the ring only for pointers it can prove
+    aligned: a misaligned view of the activations is copied (same values), an aligned one is not."""
+    base = torch.randn(3, 4096 + 8, dtype=torch.bfloat16)
+    aligned = base[:, :4096]
+    assert linear_mma_gluon.aligned_activations(aligned) is aligned
+    for view in (base[:, 1:4097], base.flatten()[4:].unflatten(0, (1, -1))[:, :4096], base[:, :4096].t().t()):
+        got = linear_mma_gluon.aligned_activations(view)
+        misaligned = view.data_ptr() % 16 or (view.stride(0) * 2) % 16
+        assert (got is not view) == bool(misaligned)
+        assert torch.equal(got, view) and got.data_ptr() % 16 == 0 and (got.stride(0) * 2) % 16 == 0
+
+
 def test_gluon_gemv_bit_placement_decodes_every_e2m1_code():
     """The shifts and masks the Gluon GEMV's PTX is generated from, run in plain torch: every
     code in every nibble position must come out as ``e2m1 * 2**-14`` in fp16, in element order."""
