@@ -109,7 +109,9 @@ def _fp8_arm(w: torch.Tensor):
     return run
 
 
-def bench_linear(name: str, n: int, k: int, tokens: list[int], bw: float) -> list[dict]:
+def bench_linear(name: str, n: int, k: int, tokens: list[int], bw: float, rows: list[dict], measured) -> None:
+    """Each M's row appended to ``rows``, then ``measured()`` (which saves: a run cut short by a
+    time limit keeps every row it finished)."""
     w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
     q = nvfp4.quantize(w)
     qbytes = q.nbytes
@@ -123,7 +125,6 @@ def bench_linear(name: str, n: int, k: int, tokens: list[int], bw: float) -> lis
             arms_other[arm] = [make(wc) for wc in w_copies]
         except Exception as exc:
             print(f"  {arm} arm unavailable for {name}: {type(exc).__name__}: {exc}")
-    rows = []
     for m in tokens:
         x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
         out = ops.linear(x, q)  # tunes this shape once
@@ -162,7 +163,7 @@ def bench_linear(name: str, n: int, k: int, tokens: list[int], bw: float) -> lis
             f"x{row['speedup_vs_bf16']:.2f}  bw {row['bandwidth_frac']:.2f}  err {err:.1e}  {row['form']}",
             flush=True,
         )
-    return rows
+        measured()
 
 
 # -- expert bank -----------------------------------------------------------------------------------
@@ -212,7 +213,10 @@ def _loop_arm(w13: torch.Tensor, w2: torch.Tensor):
     return run
 
 
-def bench_moe(name: str, e: int, top_k: int, hidden: int, inter: int, tokens: list[int], bw: float) -> list[dict]:
+def bench_moe(
+    name: str, e: int, top_k: int, hidden: int, inter: int, tokens: list[int], bw: float, rows: list[dict], measured
+) -> None:
+    """As ``bench_linear``: each T's row appended to ``rows``, then ``measured()``."""
     w13 = torch.randn(e, 2 * inter, hidden, dtype=torch.bfloat16, device="cuda") * 0.02
     w2 = torch.randn(e, hidden, inter, dtype=torch.bfloat16, device="cuda") * 0.02
     gu, dn = nvfp4.quantize(w13), nvfp4.quantize(w2)
@@ -227,7 +231,6 @@ def bench_moe(name: str, e: int, top_k: int, hidden: int, inter: int, tokens: li
     per_expert_q = (gu.nbytes + dn.nbytes) / e
     grouped = [_grouped_mm_arm(a, b) for a, b in banks_b]
     loop = _loop_arm(*banks_b[0])
-    rows = []
     for t in tokens:
         x = torch.randn(t, hidden, dtype=torch.bfloat16, device="cuda")
         routings = [_routing(t, e, top_k, seed) for seed in range(8)]
@@ -280,7 +283,7 @@ def bench_moe(name: str, e: int, top_k: int, hidden: int, inter: int, tokens: li
             f"x{row['speedup_vs_bf16']:.2f}  bw {row['bandwidth_frac']:.2f}  err {err:.1e}",
             flush=True,
         )
-    return rows
+        measured()
 
 
 # -- quantization ---------------------------------------------------------------------------------
@@ -370,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     rows = result["rows"] = []
 
-    def save() -> None:  # after every shape: a run cut short still leaves its figures
+    def save() -> None:  # after every measurement: a run cut short still leaves its figures
         result["summary"] = summarize(rows)
         result["adjudication"] = {key: list(notes) for key, notes in TUNER.all_notes().items()}
         out.write_text(json.dumps(result, indent=1))
@@ -380,13 +383,11 @@ def main(argv: list[str] | None = None) -> int:
         save()
     if "linear" in parts:
         for name, n, k in shapes:
-            rows += bench_linear(name, n, k, tokens, bw)
-            save()
+            bench_linear(name, n, k, tokens, bw, rows, save)
             torch.cuda.empty_cache()
     if "moe" in parts:
         for name, e, top_k, hidden, inter in MOE_SHAPES:
-            rows += bench_moe(name, e, top_k, hidden, inter, moe_tokens, bw)
-            save()
+            bench_moe(name, e, top_k, hidden, inter, moe_tokens, bw, rows, save)
             torch.cuda.empty_cache()
     print(json.dumps(result["summary"], indent=1))
     print(f"wrote {out}")
