@@ -34,6 +34,7 @@ import orjson
 from flashrt.operator.constants import DEFAULT_PROFILE, PROFILE_ANNOTATION
 from flashrt.operator.inject import Injection, Settings, inject, skip
 from flashrt.operator.profile import Profile, from_object
+from multidict import CIMultiDict
 
 
 def allow(request: Mapping | None, patch: list | None = None, warning: str | None = None) -> dict:
@@ -176,7 +177,9 @@ class AdmissionProtocol(asyncio.Protocol):
             self.transport.close()
 
     def on_message_begin(self) -> None:
-        self.url, self.headers, self.body, self.size, self.head = b"", {}, [], 0, 0
+        # Header names are case-insensitive (RFC 9110), and kopf's own server handed handlers
+        # aiohttp's case-insensitive multidict.
+        self.url, self.headers, self.body, self.size, self.head = b"", CIMultiDict(), [], 0, 0
 
     def _count_head(self, size: int) -> None:
         self.head += size
@@ -189,13 +192,12 @@ class AdmissionProtocol(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._count_head(len(name) + len(value))
-        self.headers[name.decode("latin-1")] = value.decode("latin-1")
+        self.headers.add(name.decode("latin-1"), value.decode("latin-1"))
 
     def on_headers_complete(self) -> None:
         # curl asks before sending a large body; behind an unanswered review the interim answer
         # would come out of order, and the client sends anyway after its wait.
-        expect = self.headers.get("Expect") or self.headers.get("expect") or ""
-        if expect.lower() == "100-continue" and self.pending == 0:
+        if self.headers.get("Expect", "").lower() == "100-continue" and self.pending == 0:
             self.transport.write(_CONTINUE)
 
     def on_body(self, body: bytes) -> None:
@@ -212,7 +214,7 @@ class AdmissionProtocol(asyncio.Protocol):
             self.transport.pause_reading()
         self.last = asyncio.ensure_future(self._respond(self.last, payload, webhook, self.headers, keep_alive))
 
-    async def _respond(self, previous, payload: bytes | None, webhook: str, headers: dict, keep_alive: bool) -> None:
+    async def _respond(self, previous, payload: bytes | None, webhook: str, headers: Mapping, keep_alive: bool) -> None:
         body = await review(self.fn, payload, webhook, self.sslpeer, headers)
         if previous is not None:
             await previous

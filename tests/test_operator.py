@@ -305,6 +305,8 @@ async def test_webhook_server_answers_in_order_refuses_what_it_cannot_serve_and_
         assert b'"uid":"u-1"' in first and b'"uid":"u-2"' in second, "pipelined reviews are answered in order"
         interim, final = await _exchange(port, old_ca, _uid_request("u-3", b"Expect: 100-continue\r\n"), 2)
         assert interim.startswith(b"HTTP/1.1 100 Continue") and b'"uid":"u-3"' in final
+        interim, final = await _exchange(port, old_ca, _uid_request("u-4", b"EXPECT: 100-Continue\r\n"), 2)
+        assert interim.startswith(b"HTTP/1.1 100 Continue") and b'"uid":"u-4"' in final, "header names ignore case"
         (oversized,) = await _exchange(port, old_ca, _request(b"x" * (MAX_REVIEW_BYTES + 1)))
         assert oversized.startswith(b"HTTP/1.1 200") and b'"allowed":true' in oversized
         (garbage,) = await _exchange(port, old_ca, b"GARBAGE / NOT-HTTP\r\n\r\n")
