@@ -14,6 +14,7 @@ import os
 import platform
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -109,9 +110,9 @@ def _fp8_arm(w: torch.Tensor):
     return run
 
 
-def bench_linear(name: str, n: int, k: int, tokens: list[int], bw: float, rows: list[dict], measured) -> None:
-    """Each M's row appended to ``rows``, then ``measured()`` (which saves: a run cut short by a
-    time limit keeps every row it finished)."""
+def bench_linear(name: str, n: int, k: int, tokens: list[int], bw: float, record: Callable[[dict], None]) -> None:
+    """Each M's row handed to ``record`` as soon as it is measured (which saves it: a run cut short
+    by a time limit keeps every row it finished)."""
     w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
     q = nvfp4.quantize(w)
     qbytes = q.nbytes
@@ -156,14 +157,13 @@ def bench_linear(name: str, n: int, k: int, tokens: list[int], bw: float, rows: 
         row["weight_bytes"] = qbytes
         row["bandwidth_frac"] = qbytes / (row["ours_us"] * 1e-6) / (bw * 1e12)
         row["speedup_vs_bf16"] = row["bf16_us"] / row["ours_us"]
-        rows.append(row)
         print(
             f"  linear {name:22s} M={m:5d} ours {row['ours_us']:8.2f} us  bf16 {row['bf16_us']:8.2f}  "
             f"fp8 {row.get('fp8_us') or float('nan'):8.2f}  int4 {row.get('int4_us') or float('nan'):8.2f}  "
             f"x{row['speedup_vs_bf16']:.2f}  bw {row['bandwidth_frac']:.2f}  err {err:.1e}  {row['form']}",
             flush=True,
         )
-        measured()
+        record(row)
 
 
 # -- expert bank -----------------------------------------------------------------------------------
@@ -214,9 +214,9 @@ def _loop_arm(w13: torch.Tensor, w2: torch.Tensor):
 
 
 def bench_moe(
-    name: str, e: int, top_k: int, hidden: int, inter: int, tokens: list[int], bw: float, rows: list[dict], measured
+    name: str, e: int, top_k: int, hidden: int, inter: int, tokens: list[int], bw: float, record: Callable[[dict], None]
 ) -> None:
-    """As ``bench_linear``: each T's row appended to ``rows``, then ``measured()``."""
+    """As ``bench_linear``: each T's row handed to ``record`` as soon as it is measured."""
     w13 = torch.randn(e, 2 * inter, hidden, dtype=torch.bfloat16, device="cuda") * 0.02
     w2 = torch.randn(e, hidden, inter, dtype=torch.bfloat16, device="cuda") * 0.02
     gu, dn = nvfp4.quantize(w13), nvfp4.quantize(w2)
@@ -276,14 +276,13 @@ def bench_moe(
         row["routed_bytes"] = routed * per_expert_q
         row["bandwidth_frac"] = row["routed_bytes"] / (ours * 1e-6) / (bw * 1e12)
         row["speedup_vs_bf16"] = best_bf16 / ours
-        rows.append(row)
         print(
             f"  moe {name:16s} T={t:4d} experts {routed:6.1f} ours {ours:8.2f} us  bf16-fused {best_bf16:8.2f}  "
             f"grouped_mm {row['grouped_mm_us'] or float('nan'):8.2f}  loop {row['loop_us']:8.2f}  "
             f"x{row['speedup_vs_bf16']:.2f}  bw {row['bandwidth_frac']:.2f}  err {err:.1e}",
             flush=True,
         )
-        measured()
+        record(row)
 
 
 # -- quantization ---------------------------------------------------------------------------------
@@ -378,16 +377,20 @@ def main(argv: list[str] | None = None) -> int:
         result["adjudication"] = {key: list(notes) for key, notes in TUNER.all_notes().items()}
         out.write_text(json.dumps(result, indent=1))
 
+    def record(row: dict) -> None:
+        rows.append(row)
+        save()
+
     if "quantize" in parts:
         rows += bench_quantize()
         save()
     if "linear" in parts:
         for name, n, k in shapes:
-            bench_linear(name, n, k, tokens, bw, rows, save)
+            bench_linear(name, n, k, tokens, bw, record)
             torch.cuda.empty_cache()
     if "moe" in parts:
         for name, e, top_k, hidden, inter in MOE_SHAPES:
-            bench_moe(name, e, top_k, hidden, inter, moe_tokens, bw, rows, save)
+            bench_moe(name, e, top_k, hidden, inter, moe_tokens, bw, record)
             torch.cuda.empty_cache()
     print(json.dumps(result["summary"], indent=1))
     print(f"wrote {out}")

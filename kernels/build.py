@@ -274,6 +274,16 @@ def _with_constexprs(sig: dict, consts: dict) -> dict:
     return {**sig, **{k: "constexpr" for k in consts}}
 
 
+def _split_build(sig: dict, consts: dict, split: int) -> tuple[dict, dict]:
+    """A split-K form's signature and constexprs: every split count compiles alike, so 2 stands
+    for any, and a split launch writes fp32 partials."""
+    consts = consts | {"SPLIT_K": min(split, 2)}
+    sig = _with_constexprs(sig, consts)
+    if consts["SPLIT_K"] > 1:
+        sig["out_ptr"] = "*fp32"
+    return sig, consts
+
+
 def builds() -> Iterator[Build]:
     seen = set()
 
@@ -292,10 +302,9 @@ def builds() -> Iterator[Build]:
                 consts = {"HAS_BIAS": False, "USE_PRMT": True, "EVEN_K": even_k}
                 consts |= {k: cfg[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K") if k in cfg}
                 if form == "mma":
-                    consts |= {"INTERPRETED": False, "SPLIT_K": min(cfg.get("SPLIT_K", 1), 2)}  # 2: any split
-                sig = _with_constexprs(_MMA_SIG if form == "mma" else _LINEAR_SIG, consts)
-                if consts.get("SPLIT_K", 1) > 1:
-                    sig["out_ptr"] = "*fp32"  # the partials
+                    sig, consts = _split_build(_MMA_SIG, consts | {"INTERPRETED": False}, cfg.get("SPLIT_K", 1))
+                else:
+                    sig = _with_constexprs(_LINEAR_SIG, consts)
                 yield from unique(Build(f"linear_{form}", fn, sig, consts, cfg["num_warps"], cfg["num_stages"]))
         for cfg, even_k in product(linear_gemv_gluon.configs(m, 4096, 4096), (True, False)):
             consts = {"HAS_BIAS": False, "X_FP16": False, "EVEN_K": even_k} | cfg
@@ -304,10 +313,7 @@ def builds() -> Iterator[Build]:
             warps = cfg["WARPS_N"] * cfg["WARPS_K"]
             yield from unique(Build("linear_gemv_gluon", fn, sig, consts, warps, 1))
         for cfg in linear_mma_gluon.configs(m, 4096, 4096):
-            consts = {"HAS_BIAS": False} | cfg | {"SPLIT_K": min(cfg.get("SPLIT_K", 1), 2)}  # 2: any split
-            sig = _with_constexprs(_GEMV_GLUON_SIG, consts)
-            if consts["SPLIT_K"] > 1:
-                sig["out_ptr"] = "*fp32"  # the partials
+            sig, consts = _split_build(_GEMV_GLUON_SIG, {"HAS_BIAS": False} | cfg, cfg.get("SPLIT_K", 1))
             fn = linear_mma_gluon.nvfp4_linear_mma_gluon_kernel
             yield from unique(Build("linear_mma_gluon", fn, sig, consts, cfg["WARPS"], 1))
     for t in _TOKENS:

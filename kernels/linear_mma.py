@@ -120,6 +120,36 @@ def splitk_reduce_kernel(
 REDUCE_BLOCK = 1024
 
 
+def split_target(out: torch.Tensor, split: int) -> torch.Tensor:
+    """Where a launch split ``split`` ways along K writes: ``out`` itself when unsplit, else fp32
+    partials ``[split, M, N]`` for ``reduce_splits``."""
+    if split == 1:
+        return out
+    return torch.empty(split, *out.shape, dtype=torch.float32, device=out.device)
+
+
+def reduce_splits(
+    partials: torch.Tensor, global_scale: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor
+) -> None:
+    """``out = sum of partials in split order * global_scale + bias``: one launch, deterministic."""
+    split, m, n = partials.shape
+    splitk_reduce_kernel[(m, triton.cdiv(n, REDUCE_BLOCK))](
+        partials, global_scale, bias if bias is not None else out, out, m, n, out.stride(0),
+        SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=REDUCE_BLOCK, num_warps=4,
+    )  # fmt: skip
+
+
+# Programs a launch should have at least before splitting K pays: two per SM of an H200 (132).
+MIN_PROGRAMS = 264
+
+
+def split_ks(programs: int, k: int, block_k: int) -> list[int]:
+    """The K splits worth offering for a launch of ``programs`` tiles: the two powers of two that
+    bring it to ``MIN_PROGRAMS`` or past, each split at least two ``block_k`` steps, at most 16."""
+    split = triton.next_power_of_2(triton.cdiv(MIN_PROGRAMS, programs))
+    return [s for s in (split, 2 * split) if 1 < s <= 16 and k >= 2 * block_k * s]
+
+
 def launch(
     x: torch.Tensor,
     packed: torch.Tensor,
@@ -136,7 +166,7 @@ def launch(
     split = config.get("SPLIT_K", 1)
     k_split = triton.cdiv(triton.cdiv(k, split), config["BLOCK_K"]) * config["BLOCK_K"]
     split = triton.cdiv(k, k_split)
-    target = out if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+    target = split_target(out, split)
     grid = (triton.cdiv(n, config["BLOCK_N"]), triton.cdiv(m, config["BLOCK_M"]), split)
     nvfp4_linear_mma_kernel[grid](
         x,
@@ -165,15 +195,8 @@ def launch(
         num_stages=config["num_stages"],
     )
     if split > 1:
-        splitk_reduce_kernel[(m, triton.cdiv(n, REDUCE_BLOCK))](
-            target, global_scale, bias if bias is not None else out, out, m, n, out.stride(0),
-            SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=REDUCE_BLOCK, num_warps=4,
-        )  # fmt: skip
+        reduce_splits(target, global_scale, bias, out)
     return out
-
-
-# Programs a launch should have at least before splitting K pays: two per SM of an H200 (132).
-MIN_PROGRAMS = 264
 
 
 def configs(m: int, n: int, k: int) -> list[dict]:
@@ -195,8 +218,5 @@ def configs(m: int, n: int, k: int) -> list[dict]:
                 base = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": 4, "num_stages": 3}
                 out.append(base)
                 programs = triton.cdiv(n, bn) * triton.cdiv(m, bm)
-                split = triton.next_power_of_2(triton.cdiv(MIN_PROGRAMS, programs))
-                for s in (split, 2 * split):
-                    if 1 < s <= 16 and k >= 2 * bk * s:
-                        out.append({**base, "SPLIT_K": s})
+                out += [{**base, "SPLIT_K": s} for s in split_ks(programs, k, bk)]
     return out

@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 import triton
 from flashrt.kernels.decode import placed_pairs, shift_ptx
-from flashrt.kernels.linear_mma import MIN_PROGRAMS, REDUCE_BLOCK, splitk_reduce_kernel
+from flashrt.kernels.linear_mma import reduce_splits, split_ks, split_target
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
@@ -246,9 +246,9 @@ def nvfp4_linear_mma_gluon_kernel(
     offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
     offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ACC))
     mask = gl.expand_dims(offs_n < N, 1) & gl.expand_dims(offs_m < M, 0)
-    if SPLIT_K > 1:  # fp32 partials [SPLIT_K, M, N], still times 2**-7: the reduce finishes them
+    if SPLIT_K > 1:  # fp32 partials [SPLIT_K, M, N] (2**7 is exact); the reduce finishes them
         part = out_ptr + gl.expand_dims((pid_k * M + offs_m.to(gl.int64)) * N, 0) + gl.expand_dims(offs_n, 1)
-        gl.store(part, acc, mask=mask)
+        gl.store(part, acc * _EPILOGUE_FACTOR, mask=mask)
     else:
         acc = acc * (gl.load(global_scale_ptr) * _EPILOGUE_FACTOR)
         if HAS_BIAS:
@@ -293,7 +293,7 @@ def launch(
     n = packed.shape[0]
     block_n = 16 * config["ROW_TILES"] * config["WARPS"]
     split = config.get("SPLIT_K", 1)
-    target = out if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+    target = split_target(out, split)
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, config["BLOCK_M"]), split)
     nvfp4_linear_mma_gluon_kernel[grid](
         x,
@@ -318,10 +318,7 @@ def launch(
         num_warps=config["WARPS"],
     )
     if split > 1:
-        splitk_reduce_kernel[(m, triton.cdiv(n, REDUCE_BLOCK))](
-            target, global_scale * EPILOGUE_FACTOR, bias if bias is not None else out, out, m, n, out.stride(0),
-            SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=REDUCE_BLOCK, num_warps=4,
-        )  # fmt: skip
+        reduce_splits(target, global_scale, bias, out)
     return out
 
 
@@ -345,7 +342,7 @@ def configs(m: int, n: int, k: int) -> list[dict]:
     serves every token). ROW_TILES 1-2 row tiles of 16 a warp, 2 or 4 warps: a program is 32-128
     rows, small enough that a 4096-row layer still makes programs for every SM. STAGES 3-4: on
     the H200 six stages never won a shape at 1-64 tokens, and cost occupancy. Where the tiles
-    make fewer than ``MIN_PROGRAMS`` programs, split-K variants that reach it (each split at
+    make too few programs, ``linear_mma.split_ks`` variants that reach it (each split at
     least two steps): H200, the 4096 x 14336 down projection at 1-8 tokens in 18 us split in 4,
     against 30 us unsplit.
     """
@@ -363,8 +360,5 @@ def configs(m: int, n: int, k: int) -> list[dict]:
                     continue
                 out.append(base)
                 programs = triton.cdiv(n, 16 * tiles * warps) * triton.cdiv(m, block_m)
-                split = triton.next_power_of_2(triton.cdiv(MIN_PROGRAMS, programs))
-                for s in (split, 2 * split):
-                    if 1 < s <= 16 and k >= 2 * BLOCK_K * s:
-                        out.append({**base, "SPLIT_K": s})
+                out += [{**base, "SPLIT_K": s} for s in split_ks(programs, k, BLOCK_K)]
     return out
