@@ -36,3 +36,12 @@ def pytest_runtest_makereport(item, call):
     if report.when == "call":
         item.rep_call = report
     return report
+
+
+def pytest_collection_modifyitems(config, items):
+    """Start the ahead-of-time kernel builds now, in the background, and check them last
+    (tests/test_build.py says why)."""
+    builds = [item for item in items if hasattr(getattr(item, "module", None), "start_background_build")]
+    if builds and not config.option.collectonly:
+        builds[0].module.start_background_build()
+        items[:] = [item for item in items if item not in builds] + builds
