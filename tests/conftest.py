@@ -44,4 +44,5 @@ def pytest_collection_modifyitems(config, items):
     builds = [item for item in items if hasattr(getattr(item, "module", None), "start_background_build")]
     if builds and not config.option.collectonly:
         builds[0].module.start_background_build()
-        items[:] = [item for item in items if item not in builds] + builds
+        last = set(builds)
+        items[:] = [item for item in items if item not in last] + builds

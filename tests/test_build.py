@@ -12,8 +12,8 @@ priority, and runs these tests last; they read what the builds printed.
 """
 
 import atexit
+import functools
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,16 +37,16 @@ def start_background_build() -> None:
     """Build every target in one process at the lowest CPU priority, once a session."""
     if _BACKGROUND:
         return
-    env = _compile_env()
-    nice = ["nice", "-n", "19"] if shutil.which("nice") else []
     log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (read by the last build test)
-    command = [*nice, sys.executable, "-m", "flashrt.kernels.build", *map(str, TARGETS)]
-    proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    command = ["nice", "-n", "19", sys.executable, "-m", "flashrt.kernels.build", *map(str, TARGETS)]
+    proc = subprocess.Popen(command, env=_compile_env(), stdout=log, stderr=subprocess.STDOUT, text=True)
     atexit.register(proc.kill)  # a session cut short leaves no build behind
     _BACKGROUND.update(proc=proc, log=log)
 
 
+@functools.cache
 def _build_output() -> str:
+    """What the builds printed, waited for and read once for every target's test."""
     start_background_build()
     _BACKGROUND["proc"].wait()
     log = _BACKGROUND["log"]
