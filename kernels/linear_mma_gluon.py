@@ -353,8 +353,8 @@ def configs(m: int, n: int, k: int) -> list[dict]:
     block_m = next(bm for bm in (8, 16, 32, 64) if bm >= min(m, 64))
     out = []
     for tiles in (1, 2):
-        for warps in (1, 2, 4):
-            for stages in (3, 4) if warps > 1 else (4, 6):
+        for warps in (2, 4):
+            for stages in (3, 4):
                 base = {"BLOCK_M": block_m, "ROW_TILES": tiles, "WARPS": warps, "STAGES": stages}
                 if ring_bytes(base) > RING_BYTES:
                     continue
