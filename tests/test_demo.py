@@ -1,15 +1,19 @@
 """Both demos are run as tests: what the README promises runs."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 FLASHRT = str(Path(sys.executable).with_name("flashrt"))
 
 
 def test_vllm_serve_demo_seats_and_reports():
+    """The demo is the served MoE engine's test too: both packed banks seated, and every forward
+    pass of every request through both (each generated token is one pass)."""
     pytest.importorskip("vllm")
     done = subprocess.run([FLASHRT, "demo"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -17,6 +21,17 @@ def test_vllm_serve_demo_seats_and_reports():
     assert "[5/5] stopping the server" in out
     assert 'flashrt_seats{kind="experts",state="seated"} 2.0' in out
     assert 'flashrt_seat_calls_total{kind="dense"}' in out
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(
+            "\n".join(l.strip() for l in out.splitlines() if l.strip().startswith("flashrt_"))
+        )
+        for s in family.samples
+    }
+    tokens = sum(int(n) for n in re.findall(r"\((\d+) tokens\)", out))
+    assert tokens > 0, out[-3000:]
+    assert samples[("flashrt_seat_calls_total", (("kind", "experts"),))] >= 2 * tokens
+    assert not any(name == "flashrt_seat_fallbacks_total" and v for (name, _), v in samples.items())
 
 
 def test_transformers_demo_prints_the_seat_table():

