@@ -188,14 +188,15 @@ def rows_dot(
     groups_k = K // 16
     acc = gl.zeros([ROWS * WARPS_N, STEP_GROUPS, 2], gl.float32, layout=WORDS)
     w, scale = load_step(words_ptr, scales_ptr, 0, groups_k, word_off, scale_off, row_mask, group, EVEN_K)
+    w1, scale1 = load_step(words_ptr, scales_ptr, STEP_GROUPS, groups_k, word_off, scale_off, row_mask, group, EVEN_K)
     for g0 in range(0, groups_k, STEP_GROUPS):
-        # The next step's bytes are in flight while this one computes (loading at the top of the
-        # step never won a shape on the H200).
-        w_next, scale_next = load_step(
-            words_ptr, scales_ptr, g0 + STEP_GROUPS, groups_k, word_off, scale_off, row_mask, group, EVEN_K
+        # The next two steps' bytes are in flight while this one computes (loading at the top of
+        # the step never won a shape on the H200).
+        w2, scale2 = load_step(
+            words_ptr, scales_ptr, g0 + 2 * STEP_GROUPS, groups_k, word_off, scale_off, row_mask, group, EVEN_K
         )
         acc = accumulate(acc, w, scale, 1.0, x_pairs, g0, groups_k, x_group, pair_off, X_FP16)
-        w, scale = w_next, scale_next
+        w, scale, w1, scale1 = w1, scale1, w2, scale2
     return gl.sum(gl.sum(acc, axis=2), axis=1)
 
 

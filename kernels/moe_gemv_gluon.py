@@ -98,6 +98,39 @@ def moe_gate_up_gemv_kernel(
 
 
 @gluon.jit
+def _routed_step(
+    words_ptr,
+    scales_ptr,
+    topk_ids_ptr,
+    first,
+    i,
+    steps,
+    stride_we,
+    stride_se,
+    groups_k,
+    word_off,
+    scale_off,
+    row_mask,
+    group,
+    EVEN_K: gl.constexpr,
+    STEP_GROUPS: gl.constexpr,
+):
+    """Step ``i`` of a token's walk over its experts' rows: step ``i % steps`` of slot ``i // steps``."""
+    expert = gl.load(topk_ids_ptr + first + i // steps).to(gl.int64)
+    return load_step(
+        words_ptr + expert * stride_we,
+        scales_ptr + expert * stride_se,
+        (i % steps) * STEP_GROUPS,
+        groups_k,
+        word_off,
+        scale_off,
+        row_mask,
+        group,
+        EVEN_K,
+    )
+
+
+@gluon.jit
 def _routed_rows_dot(
     h_ptr,
     words_ptr,
@@ -136,40 +169,68 @@ def _routed_rows_dot(
     groups_k = K // 16
     steps = gl.cdiv(groups_k, STEP_GROUPS)
     first = token * TOP_K
-    expert = gl.load(topk_ids_ptr + first).to(gl.int64)
-    w, scale = load_step(
-        words_ptr + expert * stride_we,
-        scales_ptr + expert * stride_se,
+    last = TOP_K * steps - 1
+    w, scale = _routed_step(
+        words_ptr,
+        scales_ptr,
+        topk_ids_ptr,
+        first,
         0,
+        steps,
+        stride_we,
+        stride_se,
         groups_k,
         word_off,
         scale_off,
         row_mask,
         group,
         EVEN_K,
+        STEP_GROUPS,
+    )
+    w1, scale1 = _routed_step(
+        words_ptr,
+        scales_ptr,
+        topk_ids_ptr,
+        first,
+        gl.minimum(1, last),
+        steps,
+        stride_we,
+        stride_se,
+        groups_k,
+        word_off,
+        scale_off,
+        row_mask,
+        group,
+        EVEN_K,
+        STEP_GROUPS,
     )
     acc = gl.zeros([BLOCK_N, STEP_GROUPS, 2], gl.float32, layout=WORDS)
     for i in range(0, TOP_K * steps):
         pair = first + i // steps
         g0 = (i % steps) * STEP_GROUPS
-        following = gl.minimum(i + 1, TOP_K * steps - 1)  # the last step re-reads itself
-        expert_next = gl.load(topk_ids_ptr + first + following // steps).to(gl.int64)
-        w_next, scale_next = load_step(
-            words_ptr + expert_next * stride_we,
-            scales_ptr + expert_next * stride_se,
-            (following % steps) * STEP_GROUPS,
+        # Two steps ahead, across expert boundaries; the last steps re-read the last.
+        w2, scale2 = _routed_step(
+            words_ptr,
+            scales_ptr,
+            topk_ids_ptr,
+            first,
+            gl.minimum(i + 2, last),
+            steps,
+            stride_we,
+            stride_se,
             groups_k,
             word_off,
             scale_off,
             row_mask,
             group,
             EVEN_K,
+            STEP_GROUPS,
         )
         expert = gl.load(topk_ids_ptr + pair).to(gl.int64)
         factor = gl.load(global_scale_ptr + expert) * gl.load(topk_weights_ptr + pair).to(gl.float32)
         x_pairs = (h_ptr + pair * stride_hm).to(gl.pointer_type(gl.int32), bitcast=True)
         acc = accumulate(acc, w, scale, factor, x_pairs, g0, groups_k, x_group, pair_off, False)
-        w, scale = w_next, scale_next
+        w, scale, w1, scale1 = w1, scale1, w2, scale2
     return gl.sum(gl.sum(acc, axis=2), axis=1) * _DECODE_FACTOR
 
 
