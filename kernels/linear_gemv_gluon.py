@@ -190,8 +190,8 @@ def rows_dot(
     w, scale = load_step(words_ptr, scales_ptr, 0, groups_k, word_off, scale_off, row_mask, group, EVEN_K)
     w1, scale1 = load_step(words_ptr, scales_ptr, STEP_GROUPS, groups_k, word_off, scale_off, row_mask, group, EVEN_K)
     for g0 in range(0, groups_k, STEP_GROUPS):
-        # The next two steps' bytes are in flight while this one computes (loading at the top of
-        # the step never won a shape on the H200).
+        # The next two steps' bytes are in flight while this one computes (H200: loading at the
+        # top of the step never won a shape; two ahead against one, qkv at M=1 9.1 to 8.9 us).
         w2, scale2 = load_step(
             words_ptr, scales_ptr, g0 + 2 * STEP_GROUPS, groups_k, word_off, scale_off, row_mask, group, EVEN_K
         )

@@ -155,10 +155,11 @@ def _routed_rows_dot(
     WARPS_K: gl.constexpr,
 ):
     """``sum_slot weight * global_e * down_e[rows] @ h[pair]`` over a token's top-k experts, as
-    one loop over (slot, step) with the next step always in flight, across expert boundaries:
-    a loop per expert (``rows_dot`` each) waited out one HBM latency per expert per program
-    (H200: 26 us for one token's 8 experts against 5 us of bytes). Each slot's factor rides on
-    its block scales."""
+    one loop over (slot, step) with the next two steps always in flight, across expert
+    boundaries: a loop per expert (``rows_dot`` each) waited out one HBM latency per expert per
+    program (H200: 26 us for one token's 8 experts against 5 us of bytes). Two steps ahead
+    instead of one: the Qwen3-30B bank 20.1/102.0 us to 19.5/99.7 at 1/8 tokens. Each slot's
+    factor rides on its block scales."""
     WORDS: gl.constexpr = words_layout(ROWS, GROUPS, WARPS_N, WARPS_K)
     BLOCK_N: gl.constexpr = ROWS * WARPS_N
     STEP_GROUPS: gl.constexpr = 32 * GROUPS * WARPS_K
