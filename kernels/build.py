@@ -403,16 +403,16 @@ def pairwise(all_builds: Iterator[Build]) -> list[Build]:
     combines (``BLOCK_M=128`` with ``num_warps=8``, ``EVEN_K=False`` with ``SPLIT_K=2``) are
     combined in a chosen build, picked greedily, in ``builds()`` order on ties. A compile
     failure that takes one setting, or two together, is caught; one that takes three is not."""
-    by_kernel: dict[str, list[Build]] = {}
+    by_kernel: dict[str, list[tuple[Build, set[tuple]]]] = {}
     for b in all_builds:
-        by_kernel.setdefault(b.name, []).append(b)
+        by_kernel.setdefault(b.name, []).append((b, _settings(b)))
     chosen = []
     for group in by_kernel.values():
-        uncovered = set().union(*map(_settings, group))
+        uncovered = set().union(*(settings for _, settings in group))
         while uncovered:
-            best = max(group, key=lambda b: len(_settings(b) & uncovered))
+            best, settings = max(group, key=lambda entry: len(entry[1] & uncovered))
             chosen.append(best)
-            uncovered -= _settings(best)
+            uncovered -= settings
     return chosen
 
 

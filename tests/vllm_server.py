@@ -75,10 +75,19 @@ class Served:
     def metrics(self) -> dict[str, float]:
         """Every ``flashrt_`` sample of vLLM's own ``/metrics``, keyed ``name{labels as JSON}``."""
         with urllib.request.urlopen(f"{self.base}/metrics", timeout=30) as response:
-            text = response.read().decode()
-        return {
-            f"{s.name}{json.dumps(s.labels, sort_keys=True)}": s.value
-            for family in text_string_to_metric_families(text)
-            for s in family.samples
-            if s.name.startswith("flashrt_")
-        }
+            return flashrt_samples(response.read().decode())
+
+
+def flashrt_samples(text: str) -> dict[str, float]:
+    """Every ``flashrt_`` sample of a Prometheus text exposition, keyed ``name{labels as JSON}``."""
+    return {
+        f"{s.name}{json.dumps(s.labels, sort_keys=True)}": s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name.startswith("flashrt_")
+    }
+
+
+def value_of(samples: dict[str, float], name: str, **labels) -> float:
+    """One sample of ``flashrt_samples`` (or the engine script's), 0 when it is absent."""
+    return samples.get(f"{name}{json.dumps(labels, sort_keys=True)}", 0.0)
