@@ -16,6 +16,9 @@ arm keeps that bf16 bank as its host for rows above the MoE band (the runtime's 
 profile); the band sweep measures decode with the packed bank and with the host bank at the
 same batch, which is where the default band comes from.
 
+Both arms run vLLM's merged projections (``merge_projections``: q, k and v one GEMM, gate and
+up one), not transformers' separate ones.
+
 Random Gaussian weights give expert banks a parity near 0.987 against bf16 (two chained NVFP4
 GEMMs and a gate), so MoE models use a parity floor of 0.98, stated in the result.
 """
@@ -126,6 +129,80 @@ def install_bf16_banks(model: torch.nn.Module) -> int:
             _BANKS.append(module)
             index = len(_BANKS) - 1
             module.forward = lambda hidden, ids, weights, index=index: bf16_bank(hidden, ids, weights, index)
+            count += 1
+    return count
+
+
+# -- vLLM's merged projections, in both arms -----------------------------------------------------
+
+# vLLM serves q, k and v as one projection (QKVParallelLinear) and gate and up as one
+# (MergedColumnParallelLinear); transformers runs each separately. Both arms get vLLM's layout,
+# so the ratio is the format's on the GEMMs a serving engine runs: at batch 1 a 1024-row k or v
+# projection is mostly launch and ramp in either arm.
+MERGED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+class _MergedGroup:
+    """The one GEMM of a group of projections that read the same input, and its slices until each
+    member has taken its own (then nothing is held between forwards)."""
+
+    def __init__(self, linear: torch.nn.Linear, sizes: list[int]):
+        self.linear, self.sizes = linear, sizes
+        self.input = self.outputs = None
+        self.taken = 0
+
+    def take(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        if self.outputs is None or x is not self.input:
+            self.input, self.outputs, self.taken = x, self.linear(x).split(self.sizes, dim=-1), 0
+        out = self.outputs[index]
+        self.taken += 1
+        if self.taken == len(self.sizes):
+            self.input = self.outputs = None
+        return out
+
+
+class MergedMember(torch.nn.Module):
+    """A member projection in its old place (``q_proj``), answering with its slice of the group's
+    GEMM, so the model's own forward runs unchanged."""
+
+    def __init__(self, group: _MergedGroup, index: int):
+        super().__init__()
+        self.group, self.index = group, index  # a plain object: the merged Linear is its parent's child
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.group.take(x, self.index)
+
+
+def merge_projections(model: torch.nn.Module) -> int:
+    """Replace each group of ``MERGED`` projections (same input size, dtype, device and bias) by
+    one ``nn.Linear`` on their parent (``qkv_proj``, ``gate_up_proj``), which is what seats then
+    find; returns how many groups were merged."""
+    count = 0
+    for parent in list(model.modules()):
+        for merged_name, names in MERGED.items():
+            members = [getattr(parent, name, None) for name in names]
+            if not all(type(m) is torch.nn.Linear for m in members):
+                continue
+            first = members[0]
+            if any(
+                (m.in_features, m.weight.dtype, m.weight.device, m.bias is None)
+                != (first.in_features, first.weight.dtype, first.weight.device, first.bias is None)
+                for m in members
+            ):
+                continue
+            sizes = [m.out_features for m in members]
+            linear = torch.nn.Linear(
+                first.in_features, sum(sizes), bias=first.bias is not None, device=first.weight.device,
+                dtype=first.weight.dtype,
+            ).requires_grad_(False)  # fmt: skip
+            with torch.no_grad():
+                linear.weight.copy_(torch.cat([m.weight for m in members]))
+                if first.bias is not None:
+                    linear.bias.copy_(torch.cat([m.bias for m in members]))
+            setattr(parent, merged_name, linear)
+            group = _MergedGroup(linear, sizes)
+            for index, name in enumerate(names):
+                setattr(parent, name, MergedMember(group, index))
             count += 1
     return count
 
@@ -354,6 +431,7 @@ def run_model(name: str, layers: int, batches: list[int], compile_model: bool, b
         "compiled": compile_model,
     }
     rows: list[dict] = []
+    result["merged_projections"] = merge_projections(model)
     banks = install_bf16_banks(model)
     moe = banks > 0
     result["expert_banks"] = banks

@@ -48,7 +48,7 @@ _ALIGNED_INTS = {
     "numel",
 }
 # Token counts whose configs span every BLOCK_M a form can choose.
-_TOKENS = (1, 2, 4, 16, 32, 64, 512, 2048)
+_TOKENS = (1, 2, 4, 8, 16, 32, 64, 512, 2048)
 
 _LINEAR_SIG = {
     "x_ptr": "*bf16",

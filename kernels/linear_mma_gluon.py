@@ -128,6 +128,22 @@ def activations_layout(block_m, warps):
     return gl.DistributedLinearLayout(reg, lanes, [[0, 0]] * (warps.bit_length() - 1), [], [4 * block_m, run])
 
 
+@gluon.constexpr_function
+def mma_tokens(block_m):
+    """The MMA's token side: ``mma.sync.m16n8k16`` is 8 wide, fewer tokens still fill 8 columns."""
+    return max(block_m, 8)
+
+
+@gluon.constexpr_function
+def few_tokens_layout(block_m, warps):
+    """``[8 / BLOCK_M, 4 * BLOCK_M, 8V]``: ``activations_layout(8, warps)`` with the token's high
+    bits (``lane / (4 BLOCK_M)``) as a dimension of their own. Its slice along that dimension is
+    how a ring of fewer than 8 tokens is read: the lanes of the missing tokens read the present
+    ones again (a shared-memory broadcast), and broadcasting the slice back gives the 8 columns
+    the MMA takes, with no data moved."""
+    return gl.BlockedLayout([1, 1, 8 * WORDS_PER_THREAD], [8 // block_m, 4 * block_m, 1], [warps, 1, 1], [2, 1, 0])
+
+
 @gluon.jit
 def _issue(words_slot, scales_slot, x_slot, words_ptr, scales_ptr, x_ptr, step, word_off, scale_off, x_off, x_mask):
     """Start the copies of step ``step`` into one slot of the ring."""
@@ -164,12 +180,13 @@ def nvfp4_linear_mma_gluon_kernel(
 ):
     BLOCK_N: gl.constexpr = 16 * ROW_TILES * WARPS
     BLOCK_K: gl.constexpr = 32 * V
+    MMA_M: gl.constexpr = mma_tokens(BLOCK_M)
     ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
     A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
     B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=ACC, k_width=2)
     WORDS: gl.constexpr = words_layout(ROW_TILES, WARPS)
     SCALES: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, WORDS))  # [BLOCK_N, 4] int32: a thread's 4 bytes
-    ACTS: gl.constexpr = activations_layout(BLOCK_M, WARPS)
+    ACTS: gl.constexpr = activations_layout(MMA_M, WARPS)
     # Copies: a row's step is 4V words, 8 threads a row at 16 bytes; an activation row 8V elements.
     WORDS_COPY: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [WARPS, 1], [1, 0])
     ACTS_COPY: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
@@ -214,7 +231,7 @@ def nvfp4_linear_mma_gluon_kernel(
             )  # fmt: skip
         async_copy.commit_group()  # one group a step, empty or not: the wait below counts them
 
-    acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=ACC)
+    acc = gl.zeros([BLOCK_N, MMA_M], gl.float32, layout=ACC)
     for i in range(steps):
         async_copy.wait_group(STAGES - 2)  # this thread's copies of step i have landed
         _barrier()  # everyone's have, and everyone is done with the slot refilled next
@@ -236,16 +253,23 @@ def nvfp4_linear_mma_gluon_kernel(
         pairs = gl.reshape(gl.permute(pairs, (0, 2, 3, 5, 4, 1)), (BLOCK_N, BLOCK_K // 2))
         a = gl.reshape(_pairs_to_bf16(pairs), (BLOCK_N, BLOCK_K))
         a = gl.convert_layout(a, A_OP, assert_trivial=True)
-        x = x_ring.index(slot).load(ACTS)
+        if BLOCK_M < 8:
+            FEW: gl.constexpr = few_tokens_layout(BLOCK_M, WARPS)
+            x = gl.expand_dims(x_ring.index(slot).load(gl.SliceLayout(0, FEW)), 0)
+            x = gl.broadcast(x, gl.full([8 // BLOCK_M, 4 * BLOCK_M, 8 * V], 0, gl.bfloat16, layout=FEW))[0]
+            x = gl.convert_layout(gl.reshape(x, (32, 8 * V)), ACTS, assert_trivial=True)
+        else:
+            x = x_ring.index(slot).load(ACTS)
         # [token, t, v, e, q1, q0] -> [v, q1, q0, t, e, token]: the order the pairs above took
-        x = gl.permute(gl.reshape(x, (BLOCK_M, 4, V, 2, 2, 2)), (2, 4, 5, 1, 3, 0))
-        b = gl.convert_layout(gl.reshape(x, (BLOCK_K, BLOCK_M)), B_OP, assert_trivial=True)
+        x = gl.permute(gl.reshape(x, (MMA_M, 4, V, 2, 2, 2)), (2, 4, 5, 1, 3, 0))
+        b = gl.convert_layout(gl.reshape(x, (BLOCK_K, MMA_M)), B_OP, assert_trivial=True)
         acc = mma_v2(a, b, acc)
     async_copy.wait_group(0)
 
     offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
-    offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ACC))
-    mask = gl.expand_dims(offs_n < N, 1) & gl.expand_dims(offs_m < M, 0)
+    column = gl.arange(0, MMA_M, layout=gl.SliceLayout(0, ACC))
+    offs_m = pid_m * BLOCK_M + column
+    mask = gl.expand_dims(offs_n < N, 1) & gl.expand_dims((offs_m < M) & (column < BLOCK_M), 0)
     if SPLIT_K > 1:  # fp32 partials [SPLIT_K, M, N] (2**7 is exact); the reduce finishes them
         part = out_ptr + gl.expand_dims((pid_k * M + offs_m.to(gl.int64)) * N, 0) + gl.expand_dims(offs_n, 1)
         gl.store(part, acc * _EPILOGUE_FACTOR, mask=mask)
@@ -338,8 +362,10 @@ def ring_bytes(config: dict) -> int:
 def configs(m: int, n: int, k: int) -> list[dict]:
     """Candidates for one shape: bf16 activations, K in whole steps, on a compiled GPU.
 
-    BLOCK_M the token tile: the smallest of 8-64 that holds the batch (one decoded fragment
-    serves every token). ROW_TILES 1-2 row tiles of 16 a warp, 2 or 4 warps: a program is 32-128
+    BLOCK_M the token tile: the smallest of 1-64 that holds the batch (one decoded fragment
+    serves every token). Under 8 tokens the MMA still computes 8 columns, but the ring holds only
+    the tokens there are: at one token a 32-row, 3-stage ring is 15 KiB instead of 26, which is
+    what bounds how many programs share an SM. ROW_TILES 1-2 row tiles of 16 a warp, 2 or 4 warps: a program is 32-128
     rows, small enough that a 4096-row layer still makes programs for every SM. STAGES 3-4: on
     the H200 six stages never won a shape at 1-64 tokens, and cost occupancy. Where the tiles
     make too few programs, ``linear_mma.split_ks`` variants that reach it (each split at
@@ -350,7 +376,7 @@ def configs(m: int, n: int, k: int) -> list[dict]:
 
     if interpreted() or k % BLOCK_K or m > MAX_TOKENS:
         return []
-    block_m = next(bm for bm in (8, 16, 32, 64) if bm >= min(m, 64))
+    block_m = next(bm for bm in (1, 2, 4, 8, 16, 32, 64) if bm >= min(m, 64))
     out = []
     for tiles in (1, 2):
         for warps in (2, 4):

@@ -44,6 +44,38 @@ def test_decode_step_computes_what_a_full_forward_computes(kind):
     assert torch.equal(run.token, tokens[0]) and int(run.position) == e2e.PROMPT
 
 
+@pytest.mark.parametrize(("kind", "groups", "removed"), [("dense", 4, 6), ("moe", 2, 4)])
+def test_merged_projections_compute_what_the_separate_ones_compute(kind, groups, removed):
+    """Both arms run vLLM's layout: one GEMM for q, k and v and one for gate and up, each a
+    ``nn.Linear`` the seats find, computing transformers' logits; under ``torch.compile(fullgraph
+    =True)`` the traced step has exactly the merged-away GEMMs fewer (members share the group's)."""
+    model = _tiny(kind)
+    ids = torch.randint(0, 512, (2, 16))
+    linears = sum(1 for m in model.modules() if type(m) is torch.nn.Linear)
+
+    def traced_gemms(module) -> int:
+        gemms = []
+
+        def backend(graph_module, example_inputs):
+            gemms.extend(n for n in graph_module.graph.nodes if n.target is torch.nn.functional.linear)
+            return graph_module
+
+        torch._dynamo.reset()
+        torch.testing.assert_close(torch.compile(module, backend=backend, fullgraph=True)(ids).logits, expected)
+        return len(gemms)
+
+    with torch.no_grad():
+        expected = model(ids).logits
+        separate = traced_gemms(model)
+        assert e2e.merge_projections(model) == groups
+        torch.testing.assert_close(model(ids).logits, expected, rtol=1e-5, atol=1e-5)
+        assert traced_gemms(model) == separate - removed
+    names = [name for name, m in model.named_modules() if type(m) is torch.nn.Linear]
+    assert sum(n.endswith((".qkv_proj", ".gate_up_proj")) for n in names) == groups
+    assert not [n for n in names if n.endswith((".q_proj", ".k_proj", ".v_proj", ".gate_proj", ".up_proj"))]
+    assert len(names) == linears - removed
+
+
 def test_the_speedup_figure_is_drawn_from_the_committed_result(tmp_path):
     import json
 

@@ -177,16 +177,25 @@ def test_split_k_sums_every_split_once(m, k, split, device):
 
 @pytest.mark.skipif(not ON_GPU, reason="Gluon has no interpreter: CI builds it and checks its decoder")
 @pytest.mark.parametrize(
-    ("m", "k", "split", "stages"), [(1, 768, 2, 3), (3, 4096, 3, 4), (9, 768, 4, 3), (20, 2048, 1, 4)]
+    ("m", "k", "split", "stages", "block_m"),
+    [
+        (1, 768, 2, 3, 1),
+        (3, 4096, 3, 4, 4),
+        (6, 2048, 1, 3, 2),
+        (8, 768, 1, 4, 8),
+        (9, 768, 4, 3, 32),
+        (20, 2048, 1, 4, 32),
+    ],
 )
-def test_mma_gluon_ring_and_splits_cover_every_step_once(m, k, split, stages, device):
+def test_mma_gluon_ring_and_splits_cover_every_step_once(m, k, split, stages, block_m, device):
     """The ring form at step counts that do not divide: 3 steps in 2 splits (2 + 1), 16 in 3
-    (6 + 6 + 4), 3 in 4 (the last split has none and adds zeros), fewer steps than stages."""
+    (6 + 6 + 4), 3 in 4 (the last split has none and adds zeros), fewer steps than stages; and
+    token tiles under the MMA's 8 columns: one token, 3 of 4, three tiles of 2."""
     n = 1000
     q = nvfp4.quantize(torch.randn(n, k, dtype=torch.bfloat16, device=device))
     x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
     bias = torch.randn(n, dtype=torch.bfloat16, device=device)
-    config = {**LINEAR_CONFIGS["mma_gluon"], "BLOCK_M": 8 if m <= 8 else 32, "STAGES": stages, "SPLIT_K": split}
+    config = {**LINEAR_CONFIGS["mma_gluon"], "BLOCK_M": block_m, "STAGES": stages, "SPLIT_K": split}
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
     linear_mma_gluon.launch(x, q.packed, q.scales, q.global_scale, bias, out, config, False)
     ref = ops.linear_reference(x, q, bias)
