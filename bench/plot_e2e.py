@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
-DEFAULT_RESULTS = [
-    ROOT / "results" / "h200-e2e-llama-ring.json",  # Llama-3-8B shape, the ring-fed mma_gluon
-    ROOT / "results" / "h200-e2e.json",  # Qwen3-30B-A3B shape (and Llama before the ring)
-    ROOT / "results" / "h200-e2e-qwen35.json",  # Qwen3.5-35B-A3B shape, batch 1-16
-    ROOT / "results" / "h200-e2e-qwen35-b1b32.json",  # and its batch 32
+DEFAULT_RESULTS = [  # every arm with vLLM's merged projections (commit d63d0e4)
+    ROOT / "results" / "h200-e2e-llama-merged.json",  # Llama-3-8B shape, batch 1 and 8
+    ROOT / "results" / "h200-e2e-llama-merged-b4.json",  # and batch 4, 16, 32
+    ROOT / "results" / "h200-e2e-qwen3-merged.json",  # Qwen3-30B-A3B shape, batch 1, 8, 16
+    ROOT / "results" / "h200-e2e-qwen35-merged.json",  # Qwen3.5-35B-A3B shape, batch 1 (cut at the limit)
 ]
 DEFAULT_PNG = ROOT.parent / "docs" / "img" / "decode-speedup.png"
 

@@ -8,6 +8,7 @@ import json
 import sys
 
 import torch
+from flashrt.bench.kernels import provenance
 from flashrt.kernels import linear_mma_gluon, nvfp4, ops
 
 SHAPES = {"qkv": (6144, 4096), "gate_up": (28672, 4096), "down": (4096, 14336), "lm_head": (151936, 2048)}
@@ -32,4 +33,4 @@ for name, (n, k) in SHAPES.items():
         print(f"{name:8s} M={m}: ring of {small[1]['BLOCK_M']} {small[0]:7.2f} us  ring of 8 {eight[0]:7.2f} us  "
               f"x{eight[0] / small[0]:.2f}  {small[1]}", flush=True)  # fmt: skip
 with open(sys.argv[1], "w") as f:
-    json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
+    json.dump({**provenance(), "rows": rows}, f, indent=1)

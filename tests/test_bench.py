@@ -86,7 +86,9 @@ def test_the_speedup_figure_is_drawn_from_the_committed_result(tmp_path):
     results = [json.loads(path.read_text()) for path in plot_e2e.DEFAULT_RESULTS]
     rows = plot_e2e.merged_rows(results)
     everywhere = [(r["model"], r["batch"]) for result in results for r in result["rows"]]
-    assert len({(r["model"], r["batch"]) for r in rows}) == len(rows) == len(set(everywhere)) < len(everywhere)
+    assert len({(r["model"], r["batch"]) for r in rows}) == len(rows) == len(set(everywhere))
+    again = plot_e2e.merged_rows([*results, *results])  # a measurement already drawn is not drawn twice
+    assert len(again) == len(rows) and all(a is r for a, r in zip(again, rows, strict=True))
     for row in rows:  # each from the first result that has it
         first = next(
             res for res in results if any((r["model"], r["batch"]) == (row["model"], row["batch"]) for r in res["rows"])
