@@ -152,7 +152,7 @@ class _MergedGroup:
         self.taken = 0
 
     def take(self, x: torch.Tensor, index: int) -> torch.Tensor:
-        if self.outputs is None or x is not self.input:
+        if x is not self.input:  # the group's first member this forward (input is None between)
             self.input, self.outputs, self.taken = x, self.linear(x).split(self.sizes, dim=-1), 0
         out = self.outputs[index]
         self.taken += 1
