@@ -103,16 +103,17 @@ def _pairs_to_bf16(pairs):
 
 
 @gluon.constexpr_function
-def words_layout(row_tiles, warps):
-    """Layout of a step's weight words ``[BLOCK_N, 4, V/2, 2]`` (row, lane-in-quad, group, word):
-    the rows and lanes of a ``mma.sync`` A-fragment (row = lane/4 + 8 * reg + 16 * warp, then
-    row tiles), each thread's V words contiguous in one row."""
-    v_bases = [[0, 0, 1 << i, 0] for i in range((WORDS_PER_THREAD // 2).bit_length() - 1)]
+def words_layout(row_tiles, warps, words=WORDS_PER_THREAD):
+    """Layout of a step's weight words ``[BLOCK_N, 4, words/2, 2]`` (row, lane-in-quad, group,
+    word): the rows and lanes of a ``mma.sync`` A-fragment (row = lane/4 + 8 * reg + 16 * warp,
+    then row tiles), each thread's words contiguous in one row. ``words`` under V: a slice of
+    the step's groups, as ``linear_wgmma_gluon`` decodes them."""
+    v_bases = [[0, 0, 1 << i, 0] for i in range((words // 2).bit_length() - 1)]
     reg = [[0, 0, 0, 1], *v_bases, [8, 0, 0, 0]]
     reg += [[16 * warps << i, 0, 0, 0] for i in range(row_tiles.bit_length() - 1)]
     lanes = [[0, 1, 0, 0], [0, 2, 0, 0], [1, 0, 0, 0], [2, 0, 0, 0], [4, 0, 0, 0]]
     warp = [[16 << i, 0, 0, 0] for i in range(warps.bit_length() - 1)]
-    shape = [16 * row_tiles * warps, 4, WORDS_PER_THREAD // 2, 2]
+    shape = [16 * row_tiles * warps, 4, words // 2, 2]
     return gl.DistributedLinearLayout(reg, lanes, warp, [], shape)
 
 

@@ -23,6 +23,7 @@ from flashrt.kernels import (
     linear_mma,
     linear_mma_gluon,
     linear_w4a4,
+    linear_wgmma_gluon,
     moe_fused,
     moe_gemv_gluon,
     moe_w4a4,
@@ -36,6 +37,7 @@ LINEAR_FORMS = {
     "gemv_gluon": linear_gemv_gluon,
     "mma": linear_mma,
     "mma_gluon": linear_mma_gluon,
+    "wgmma_gluon": linear_wgmma_gluon,
     "w4a4": linear_w4a4,
     "dequant": linear_dequant,
 }
@@ -174,13 +176,15 @@ def pin_activations(mode: str) -> None:
 
 
 def _forms_offered(forms: dict, capability: tuple[int, int] | None, configs_of) -> list[Candidate]:
-    """Every form's configs; the FP4 x FP4 form only where its tensor cores are, and as the
-    activation pin allows."""
+    """Every form's configs; a form for one generation's instructions (``qualifies``: the FP4 x FP4
+    forms, ``wgmma``) only where they are, and the FP4 x FP4 forms as the activation pin allows."""
     w4a4 = forms["w4a4"].qualifies(capability) and _ACTIVATIONS != "bf16"
     only_w4a4 = w4a4 and _ACTIVATIONS == "nvfp4"
     out = []
     for form, mod in forms.items():
         if (form == "w4a4" and not w4a4) or (only_w4a4 and form != "w4a4"):
+            continue
+        if form != "w4a4" and not getattr(mod, "qualifies", lambda _: True)(capability):
             continue
         precision = getattr(mod, "PRECISION", 0)
         out += [candidate(form, cfg, precision) for cfg in configs_of(mod)]

@@ -69,19 +69,25 @@ def test_every_kernel_builds_for(arch):
 def test_gluon_gemvs_keep_every_operand_in_registers_and_the_mma_form_streams_through_its_ring():
     """Why the Gluon forms exist. The GEMVs: no shared memory in the main loop, so no barrier;
     the only shared memory allowed is the one cross-warp sum at the end when warps split K. The
-    tensor-core form: exactly its ring (``ring_bytes``), filled by 16-byte ``cp.async`` copies for
-    the weight words and activations, and read back with 16-byte shared loads."""
+    tensor-core forms: exactly their rings (``ring_bytes``); the ``mma.sync`` one filled by
+    16-byte ``cp.async`` copies for the weight words and activations and read back with 16-byte
+    shared loads, the ``wgmma`` one (sm_90 only) multiplying from it."""
     code = """
 import re
-from flashrt.kernels import build, linear_mma_gluon
-names = {"linear_gemv_gluon", "linear_mma_gluon", "moe_gate_up_gemv", "moe_down_gemv"}
+from flashrt.kernels import build, linear_mma_gluon, linear_wgmma_gluon
+names = {"linear_gemv_gluon", "linear_mma_gluon", "linear_wgmma_gluon", "moe_gate_up_gemv", "moe_down_gemv"}
 kernels = [b for b in build.pairwise(build.builds()) if b.name in names]
 assert {b.name for b in kernels} == names
 for b in kernels:
-    for arch in build.TARGETS:
+    for arch in b.targets:
         compiled = build.compile_for(b, arch)
         shared = compiled.metadata.shared
         c = b.constexprs
+        if b.name == "linear_wgmma_gluon":  # its ring, and the MMA reads activations from it
+            assert b.targets == (90,) and shared == linear_wgmma_gluon.ring_bytes(c), (c, shared)
+            ptx = compiled.asm["ptx"]
+            assert "wgmma.mma_async" in ptx and "mma.sync" not in ptx and ptx.count("ld.global") <= 1, c
+            continue
         if b.name == "linear_mma_gluon":
             assert shared == linear_mma_gluon.ring_bytes(c), (arch, c, shared)
             ptx = compiled.asm["ptx"]

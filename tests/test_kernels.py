@@ -16,6 +16,7 @@ from flashrt.kernels import (
     linear_mma,
     linear_mma_gluon,
     linear_w4a4,
+    linear_wgmma_gluon,
     moe_fused,
     moe_gemv_gluon,
     moe_w4a4,
@@ -122,12 +123,15 @@ def test_activation_quantizer_matches_reference_row_by_row(shape, device):
 # Each form is tested on the token counts it is offered for (the GEMVs: up to 4 tokens); the
 # Gluon GEMV needs a compiled GPU (no interpreter), CI checks its decoder in plain torch below.
 GLUON_FORMS = {"gemv_gluon": linear_gemv_gluon, "mma_gluon": linear_mma_gluon}
+if ON_GPU and linear_wgmma_gluon.qualifies(torch.cuda.get_device_capability()):
+    GLUON_FORMS["wgmma_gluon"] = linear_wgmma_gluon
 LINEAR_FORMS = {"gemv": linear_gemv, "mma": linear_mma, "dequant": linear_dequant} | (GLUON_FORMS if ON_GPU else {})
 LINEAR_TOKENS = {
     "gemv": (1, 3),
     "gemv_gluon": (1, 3),
     "mma": (1, 3, 7, 16, 33),
     "mma_gluon": (1, 3, 7, 16, 33),
+    "wgmma_gluon": (33, 64, 130),
     "dequant": (64, 100),
 }
 LINEAR_CONFIGS = {
@@ -135,6 +139,7 @@ LINEAR_CONFIGS = {
     "gemv_gluon": {"ROWS": 4, "GROUPS": 2, "WARPS_N": 2, "WARPS_K": 2},
     "mma": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4, "num_stages": 2},
     "mma_gluon": {"BLOCK_M": 16, "ROW_TILES": 2, "WARPS": 4, "STAGES": 3},
+    "wgmma_gluon": {"BLOCK_M": 64, "ROW_TILES": 1, "WARPS": 4, "STAGES": 2},
     "dequant": {"BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4},
 }
 LINEAR_CASES = [(form, m, k) for form in LINEAR_FORMS for m in LINEAR_TOKENS[form] for k in (768, 2048, 4096)]
@@ -201,6 +206,50 @@ def test_mma_gluon_ring_and_splits_cover_every_step_once(m, k, split, stages, bl
     ref = ops.linear_reference(x, q, bias)
     assert not out.isnan().any()
     assert (out.double() - ref.double()).norm() / ref.double().norm() < 1e-2
+
+
+@pytest.mark.skipif(
+    not ON_GPU or "wgmma_gluon" not in GLUON_FORMS, reason="wgmma is sm_90's: CI builds it for sm_90 only"
+)
+@pytest.mark.parametrize(
+    ("m", "k", "split", "stages", "block_m", "tiles", "warps"),
+    [(130, 4096, 3, 3, 128, 1, 8), (64, 768, 2, 2, 64, 2, 8), (100, 2048, 1, 3, 64, 2, 4), (40, 2048, 4, 2, 128, 2, 4)],
+)
+def test_wgmma_gluon_tiles_and_splits_cover_every_token_and_step(m, k, split, stages, block_m, tiles, warps, device):
+    """The warpgroup form: a token tile past the batch (130 in tiles of 128), two warpgroups and
+    two row tiles, splits that do not divide the steps (16 in 3, 3 in 2, 8 in 4)."""
+    n = 1000
+    q = nvfp4.quantize(torch.randn(n, k, dtype=torch.bfloat16, device=device))
+    x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
+    bias = torch.randn(n, dtype=torch.bfloat16, device=device)
+    config = {"BLOCK_M": block_m, "ROW_TILES": tiles, "WARPS": warps, "STAGES": stages, "SPLIT_K": split}
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
+    linear_wgmma_gluon.launch(x, q.packed, q.scales, q.global_scale, bias, out, config, False)
+    ref = ops.linear_reference(x, q, bias)
+    assert not out.isnan().any()
+    assert (out.double() - ref.double()).norm() / ref.double().norm() < 1e-2
+
+
+def test_wgmma_form_permutes_activations_into_the_order_its_decode_makes_pairs():
+    """The launcher permutes the activations; the kernel decodes each thread's words (lane t,
+    group g, word h) into pairs (q0, q1) of elements q and q + 4 and orders them
+    ``[g, h, q1, q0, t]``, element e innermost (``_decoded_chunk``). Built that way in torch, the
+    weight times the permuted activations must be the plain product."""
+    rows, k = 6, 512
+    w = torch.randn(rows, k, dtype=torch.float64)
+    decoded = w.reshape(rows, k // 256, 4, 4, 2, 2, 2, 2)  # t, g, h, e, q1, q0: k = 64t + 8(2g + h) + 4e + 2q1 + q0
+    decoded = decoded.permute(0, 1, 3, 4, 6, 7, 2, 5).reshape(rows, k)
+    x = torch.randn(5, k, dtype=torch.float64)
+    permuted = linear_wgmma_gluon.permuted_activations(x)
+    torch.testing.assert_close(permuted @ decoded.t(), x @ w.t())
+    assert not torch.allclose(x @ decoded.t(), x @ w.t()), "the order matters"
+
+
+def test_wgmma_form_is_offered_only_on_hopper(monkeypatch):
+    monkeypatch.setattr("flashrt.kernels.decode.interpreted", lambda: False)
+    offered = {major: {c.form for c in ops.linear_candidates(128, 4096, 4096, (major, 0))} for major in (8, 9, 10, 12)}
+    assert "wgmma_gluon" in offered[9] and not any("wgmma_gluon" in offered[major] for major in (8, 10, 12))
+    assert not any(c.form == "wgmma_gluon" for c in ops.linear_candidates(8, 4096, 4096, (9, 0))), "not for decode"
 
 
 @pytest.mark.parametrize("k", [768, 4000])

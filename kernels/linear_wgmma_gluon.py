@@ -1,0 +1,277 @@
+"""Weight-only NVFP4 linear for 64-512 tokens on Hopper's warpgroup MMA (Gluon, sm_90).
+
+``y^T = W @ x^T`` (swap-AB) as ``linear_mma_gluon`` computes it, with the same ring of
+``cp.async`` copies and the same bit-placement decode into ``mma.sync`` A-fragment registers,
+but the product is ``wgmma``: its A operand may come from registers in exactly that fragment
+layout (per warp it is ``mma.sync``'s), and its B operand, the activations, is read by the
+tensor cores straight from the ring. ``mma.sync`` needs every warp to load the whole activation
+step into registers for its 16 weight rows, which at 64 tokens and more costs more than the
+MMA itself; ``wgmma`` takes the step once per warpgroup from shared memory.
+
+The decode chooses the K order of the pairs it makes (see ``linear_mma_gluon``); the ring form
+permutes the activations to that order in registers, here the launcher permutes them once per
+call (``permuted_activations``: a copy of ``x``, 1 MB at 128 tokens of a 4096-wide layer), so
+the ring holds them as the MMA reads them.
+
+H200 (``bench/probe_prefill.py``): Triton's own ``tl.dot`` on register-decoded weights (wgmma
+through shared memory, one buffer) ran the 28672 x 4096 gate_up at 128 tokens in 100 us, the
+tensor-core ``linear_mma`` in 124 and ``dequant`` then cuBLAS in more; cuBLAS bf16 took 72.
+
+Gluon does not run under ``TRITON_INTERPRET``; CI builds it for sm_90 (the only target with
+``wgmma``) and the GPU suite checks it against the reference.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from flashrt.kernels.linear_mma import reduce_splits, split_ks, split_target
+from flashrt.kernels.linear_mma_gluon import (
+    _EPILOGUE_FACTOR,
+    _SCALE_FACTOR,
+    BLOCK_K,
+    V,
+    _async_load,
+    _barrier,
+    _copyable,
+    _decode,
+    _pairs_to_bf16,
+    words_layout,
+)
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+
+
+@gluon.jit
+def _decoded_chunk(
+    words_step, scale_word, c: gl.constexpr, BLOCK_N: gl.constexpr, CHUNK_WORDS: gl.constexpr, A_OP: gl.constexpr
+):
+    """The A fragment ``[BLOCK_N, 64]`` of group ``c`` of a step (each thread's words 2c and 2c + 1
+    and scale byte c): K positions ``64 c .. 64 c + 63`` of the permuted order."""
+    words = words_step.slice(c, 1, dim=2).load(CHUNK_WORDS)
+    raw = gl.expand_dims((scale_word >> (8 * c)) & 0xFF, 2)
+    scale = (raw.to(gl.uint8).to(gl.float8e4nv, bitcast=True).to(gl.float32) * _SCALE_FACTOR).to(gl.bfloat16)
+    p0, p1, p2, p3 = _decode(words, gl.broadcast(gl.expand_dims(scale, 3), words)[0])
+    pairs = gl.join(gl.join(p0, p1), gl.join(p2, p3))  # [rows, t, 1, h, q0, q1]
+    pairs = gl.reshape(gl.permute(pairs, (0, 2, 3, 5, 4, 1)), (BLOCK_N, 32))
+    a = gl.reshape(_pairs_to_bf16(pairs), (BLOCK_N, 64))
+    return gl.convert_layout(a, A_OP, assert_trivial=True)
+
+
+@gluon.jit
+def nvfp4_linear_wgmma_gluon_kernel(
+    # pointers
+    x_ptr,
+    words_ptr,
+    scales_ptr,
+    global_scale_ptr,
+    bias_ptr,
+    out_ptr,
+    # dimensions (K a multiple of BLOCK_K)
+    M,
+    N,
+    K,
+    # strides (x and out in elements, weight rows in int32 words, scale rows in int32 words)
+    stride_xm,
+    stride_om,
+    stride_wn,
+    stride_sn,
+    # meta-parameters
+    HAS_BIAS: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    ROW_TILES: gl.constexpr,
+    WARPS: gl.constexpr,
+    STAGES: gl.constexpr,
+    SPLIT_K: gl.constexpr,
+):
+    BLOCK_N: gl.constexpr = 16 * ROW_TILES * WARPS
+    BLOCK_K: gl.constexpr = 32 * V
+    ACC: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BLOCK_M, 16]
+    )
+    A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
+    CHUNK_WORDS: gl.constexpr = words_layout(ROW_TILES, WARPS, 2)  # one scale group: 64 of K
+    CHUNKS: gl.constexpr = V // 2
+    CHUNK_K: gl.constexpr = BLOCK_K // CHUNKS
+    SCALES: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, CHUNK_WORDS))
+    WORDS_COPY: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [WARPS, 1], [1, 0])
+    ACTS_COPY: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [WARPS, 1], [1, 0])
+    PLAIN: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    ACTS: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+
+    pid_n = gl.program_id(0)
+    pid_m = gl.program_id(1)
+    pid_k = gl.program_id(2)
+
+    wr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, WORDS_COPY))
+    wc = gl.arange(0, 4 * V, layout=gl.SliceLayout(0, WORDS_COPY))
+    word_off = gl.expand_dims(gl.minimum(pid_n * BLOCK_N + wr, N - 1).to(gl.int64) * stride_wn, 1)
+    word_off = word_off + gl.expand_dims(wc, 0)
+    sr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, SCALES))
+    st = gl.arange(0, 4, layout=gl.SliceLayout(0, SCALES))
+    scale_off = gl.expand_dims(gl.minimum(pid_n * BLOCK_N + sr, N - 1).to(gl.int64) * stride_sn, 1)
+    scale_off = scale_off + gl.expand_dims(st, 0)
+    xr = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ACTS_COPY))
+    xc = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, ACTS_COPY))
+    tokens = pid_m * BLOCK_M + xr
+    x_off = gl.expand_dims(tokens.to(gl.int64) * stride_xm, 1) + gl.expand_dims(xc, 0)
+    x_mask = gl.expand_dims(tokens < M, 1)
+
+    words_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 4 * V], PLAIN)
+    scales_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 4], PLAIN)
+    x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, BLOCK_K], ACTS)
+
+    per_split = gl.cdiv(K // BLOCK_K, SPLIT_K)
+    first = pid_k * per_split
+    steps = gl.minimum(per_split, K // BLOCK_K - first)
+    for s in gl.static_range(STAGES - 1):
+        if s < steps:
+            _async_load(words_ring.index(s), words_ptr + (first + s) * (4 * V) + word_off)
+            _async_load(scales_ring.index(s), scales_ptr + (first + s) * (V // 2) + scale_off)
+            _async_load(x_ring.index(s), x_ptr + (first + s) * BLOCK_K + x_off, mask=x_mask)
+        async_copy.commit_group()
+
+    acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=ACC)
+    for i in range(steps):
+        async_copy.wait_group(STAGES - 2)
+        fence_async_shared()  # the ring's generic-proxy writes, before wgmma's async-proxy reads
+        _barrier()
+        ahead = i + STAGES - 1
+        if ahead < steps:
+            slot = ahead % STAGES
+            _async_load(words_ring.index(slot), words_ptr + (first + ahead) * (4 * V) + word_off)
+            _async_load(scales_ring.index(slot), scales_ptr + (first + ahead) * (V // 2) + scale_off)
+            _async_load(x_ring.index(slot), x_ptr + (first + ahead) * BLOCK_K + x_off, mask=x_mask)
+        async_copy.commit_group()
+        slot = i % STAGES
+        words_step = words_ring.index(slot).reshape([BLOCK_N, 4, V // 2, 2])
+        scale_word = scales_ring.index(slot).load(SCALES)
+        x_step = x_ring.index(slot)
+        for c in gl.static_range(CHUNKS):
+            a = _decoded_chunk(words_step, scale_word, c, BLOCK_N, CHUNK_WORDS, A_OP)
+            acc = warpgroup_mma(a, x_step.slice(c * CHUNK_K, CHUNK_K, dim=1).permute((1, 0)), acc)
+    async_copy.wait_group(0)
+
+    offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
+    offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ACC))
+    mask = gl.expand_dims(offs_n < N, 1) & gl.expand_dims(offs_m < M, 0)
+    if SPLIT_K > 1:
+        part = out_ptr + gl.expand_dims((pid_k * M + offs_m.to(gl.int64)) * N, 0) + gl.expand_dims(offs_n, 1)
+        gl.store(part, acc * _EPILOGUE_FACTOR, mask=mask)
+    else:
+        acc = acc * (gl.load(global_scale_ptr) * _EPILOGUE_FACTOR)
+        if HAS_BIAS:
+            acc += gl.expand_dims(gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(gl.float32), 1)
+        out = out_ptr + gl.expand_dims(offs_m.to(gl.int64) * stride_om, 0) + gl.expand_dims(offs_n, 1)
+        gl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def permuted_activations(x: torch.Tensor) -> torch.Tensor:
+    """``x [M, K]`` with each 256-wide step of K in the order the decode makes its pairs:
+    natural ``k = 64 t + 8 v + 4 e + 2 q1 + q0`` goes to ``32 v + 16 q1 + 8 q0 + 2 t + e``
+    (``linear_mma_gluon`` permutes its activation registers the same way)."""
+    m, k = x.shape
+    steps = x.reshape(m, k // BLOCK_K, 4, V, 2, 2, 2)  # t, v, e, q1, q0
+    return steps.permute(0, 1, 3, 5, 6, 2, 4).reshape(m, k)
+
+
+def qualifies(capability: tuple[int, int] | None) -> bool:
+    """``wgmma`` is sm_90a's alone: Blackwell has ``tcgen05`` instead, Ampere neither."""
+    from flashrt.kernels.decode import interpreted
+
+    return capability is not None and capability[0] == 9 and not interpreted()
+
+
+def launch(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    global_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    config: dict,
+    use_prmt: bool,
+) -> torch.Tensor:
+    """Run the kernel; ``use_prmt`` is unused. bf16 activations only, K in whole steps."""
+    if x.dtype != torch.bfloat16:
+        raise ValueError(f"x must be bfloat16 for the bf16 tensor-core form, got {x.dtype}")
+    for name, t in (("packed", packed), ("scales", scales)):
+        if not _copyable(t):
+            raise ValueError(f"{name} must start on 16 bytes with rows of whole 16-byte chunks for cp.async")
+    x = permuted_activations(x)
+    m, k = x.shape
+    n = packed.shape[0]
+    block_n = 16 * config["ROW_TILES"] * config["WARPS"]
+    split = config.get("SPLIT_K", 1)
+    target = split_target(out, split)
+    grid = (triton.cdiv(n, block_n), triton.cdiv(m, config["BLOCK_M"]), split)
+    nvfp4_linear_wgmma_gluon_kernel[grid](
+        x,
+        packed.view(torch.int32),
+        scales.view(torch.uint8).view(torch.int32),
+        global_scale,
+        bias if bias is not None else out,
+        target,
+        m,
+        n,
+        k,
+        x.stride(0),
+        out.stride(0),
+        packed.stride(0) // 4,
+        scales.stride(0) // 4,
+        HAS_BIAS=bias is not None,
+        BLOCK_M=config["BLOCK_M"],
+        ROW_TILES=config["ROW_TILES"],
+        WARPS=config["WARPS"],
+        STAGES=config["STAGES"],
+        SPLIT_K=split,
+        num_warps=config["WARPS"],
+    )
+    if split > 1:
+        reduce_splits(target, global_scale, bias, out)
+    return out
+
+
+RING_BYTES = 224 << 10  # sm_90's 227 KiB a block, less the compiler's own
+# The token counts it is offered for, whole adjudication buckets (17-32 ... 129-256). At 16 and
+# under the ring form's 8-column MMA wastes nothing where this one's 64 would. H200 (commit
+# a9ae2da plus this form, timed as the adjudicator times): at 512 tokens dequant-then-cuBLAS
+# won every Llama shape (gate_up 246 against 268 us), at 256 this form won every one (154 against 181).
+MIN_TOKENS = 17
+MAX_TOKENS = 256
+
+
+def ring_bytes(config: dict) -> int:
+    """A step's words and scale bytes (144 bytes a row) and activations (512 bytes a token), times the stages."""
+    block_n = 16 * config["ROW_TILES"] * config["WARPS"]
+    return config["STAGES"] * (block_n * (4 * V * 4 + 16) + config["BLOCK_M"] * BLOCK_K * 2)
+
+
+def configs(m: int, n: int, k: int) -> list[dict]:
+    """Candidates for one shape.
+
+    BLOCK_M, the token tile, is wgmma's N: 64, or 128 past 64 tokens (the accumulator is
+    ``BLOCK_M / 2`` fp32 registers a thread a row tile). One or two warpgroups of one or two
+    row tiles: 64-256 weight rows a program. That is the lever here, since every program reads
+    the whole activation step from L2 for its rows: at 128 tokens and 128 rows, 3.6 bytes of
+    activations for every byte of weight. STAGES 2-3 (a 128-token step is 64 KiB of ring).
+    Split-K where the tiles make fewer than ``linear_mma.MIN_PROGRAMS`` programs.
+    """
+    from flashrt.kernels.decode import interpreted
+
+    if interpreted() or k % BLOCK_K or not MIN_TOKENS <= m <= MAX_TOKENS:
+        return []
+    out = []
+    for block_m in (64, 128) if m > 64 else (64,):
+        for tiles in (1, 2):
+            for warps in (4, 8):
+                for stages in (2, 3):
+                    base = {"BLOCK_M": block_m, "ROW_TILES": tiles, "WARPS": warps, "STAGES": stages}
+                    if ring_bytes(base) > RING_BYTES:
+                        continue
+                    out.append(base)
+                    programs = triton.cdiv(n, 16 * tiles * warps) * triton.cdiv(m, block_m)
+                    out += [{**base, "SPLIT_K": s} for s in split_ks(programs, k, BLOCK_K)]
+    return out
