@@ -200,6 +200,10 @@ def launch(
     for name, t in (("packed", packed), ("scales", scales)):
         if not _copyable(t):
             raise ValueError(f"{name} must start on 16 bytes with rows of whole 16-byte chunks for cp.async")
+    if ring_bytes(config) > RING_BYTES:
+        raise ValueError(
+            f"config {config}: its ring takes {ring_bytes(config)} bytes of shared memory, over {RING_BYTES}"
+        )
     x = permuted_activations(x)
     m, k = x.shape
     n = packed.shape[0]
