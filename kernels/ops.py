@@ -113,12 +113,20 @@ def _time_us(fn, calls: int = 16, replays: int = 7) -> float:
     weight smaller than L2 is timed from L2, which no decode step sees: on the H200 that picked
     a form for a 4096 x 14336 layer at 16 tokens that ran 87 us from HBM against another's 58.
     Not ``triton.testing.do_bench``: it allocates a 256 MB flush buffer per call, which lands in
-    the peak memory of an attach; this one is 1.5x the L2, freed on return."""
+    the peak memory of an attach; this one is 1.5x the L2, freed on return.
+
+    The flush reads (a sum), it does not write: a written flush leaves the L2 full of dirty
+    lines that the timed call's own reads must write back to HBM first, which no decode step
+    pays (the kernel before it read weights; it wrote a few activations). H200, d63d0e4: with a
+    written flush the adjudicator ranked the 6144 x 4096 projection at one token 10.0 us
+    (tensor-core ring) against 10.3 (GEMV), where the benchmark's rotated weights gave 9.4
+    against 8.9 at the commit before."""
     import statistics
 
     device = torch.cuda.current_device()
     flush_words = torch.cuda.get_device_properties(device).L2_cache_size * 3 // 8  # int32s: 1.5x the L2
-    scratch = torch.empty(flush_words, dtype=torch.int32, device=device)
+    scratch = torch.zeros(flush_words, dtype=torch.int32, device=device)
+    total = torch.empty((), dtype=torch.int64, device=device)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -129,7 +137,7 @@ def _time_us(fn, calls: int = 16, replays: int = 7) -> float:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             for _ in range(calls):
-                scratch.fill_(1)
+                torch.sum(scratch, 0, out=total)
                 if with_call:
                     fn()
         graph.replay()
