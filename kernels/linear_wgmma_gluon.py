@@ -1,21 +1,22 @@
-"""Weight-only NVFP4 linear for 64-512 tokens on Hopper's warpgroup MMA (Gluon, sm_90).
+"""Weight-only NVFP4 linear for 17-256 tokens on Hopper's warpgroup MMA (Gluon, sm_90).
 
 ``y^T = W @ x^T`` (swap-AB) as ``linear_mma_gluon`` computes it, with the same ring of
 ``cp.async`` copies and the same bit-placement decode into ``mma.sync`` A-fragment registers,
 but the product is ``wgmma``: its A operand may come from registers in exactly that fragment
 layout (per warp it is ``mma.sync``'s), and its B operand, the activations, is read by the
 tensor cores straight from the ring. ``mma.sync`` needs every warp to load the whole activation
-step into registers for its 16 weight rows, which at 64 tokens and more costs more than the
-MMA itself; ``wgmma`` takes the step once per warpgroup from shared memory.
+step into registers for its 16 weight rows, a shared-memory read that grows with the tokens;
+``wgmma`` takes the step once per warpgroup of 64 rows.
 
 The decode chooses the K order of the pairs it makes (see ``linear_mma_gluon``); the ring form
 permutes the activations to that order in registers, here the launcher permutes them once per
 call (``permuted_activations``: a copy of ``x``, 1 MB at 128 tokens of a 4096-wide layer), so
 the ring holds them as the MMA reads them.
 
-H200 (``bench/probe_prefill.py``): Triton's own ``tl.dot`` on register-decoded weights (wgmma
-through shared memory, one buffer) ran the 28672 x 4096 gate_up at 128 tokens in 100 us, the
-tensor-core ``linear_mma`` in 124 and ``dequant`` then cuBLAS in more; cuBLAS bf16 took 72.
+H200, the 28672 x 4096 gate_up at 128 tokens: Triton's own ``tl.dot`` on register-decoded
+weights (``bench/probe_prefill.py``: wgmma through shared memory, one buffer) ran it in 100 us,
+the plain-Triton ``linear_mma`` in 124; this form in 75 (c7a942a, ``h200-kernels-wgmma.json``),
+cuBLAS bf16 in 67-72. At 64 tokens 47 us against ``mma_gluon``'s 72 and cuBLAS's 61.
 
 Gluon does not run under ``TRITON_INTERPRET``; CI builds it for sm_90 (the only target with
 ``wgmma``) and the GPU suite checks it against the reference.

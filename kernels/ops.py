@@ -117,10 +117,12 @@ def _time_us(fn, calls: int = 16, replays: int = 7) -> float:
 
     The flush reads (a sum), it does not write: a written flush leaves the L2 full of dirty
     lines that the timed call's own reads must write back to HBM first, which no decode step
-    pays (the kernel before it read weights; it wrote a few activations). H200, d63d0e4: with a
-    written flush the adjudicator ranked the 6144 x 4096 projection at one token 10.0 us
-    (tensor-core ring) against 10.3 (GEMV), where the benchmark's rotated weights gave 9.4
-    against 8.9 at the commit before."""
+    pays (the kernel before it read weights; it wrote a few activations). H200, the 6144 x 4096
+    projection at one token: with a written flush (d63d0e4) the adjudicator timed the ring form
+    at 10.0 us and the GEMV at 10.3 and picked the ring, which the benchmark's rotated weights
+    ran in 9.4 against the GEMV's 8.9; with this one (a548e8c) it times them 9.78 and 9.56 and
+    picks the GEMV (8.9 in the benchmark), and times gate_up's ring at 25.5 us (28.5 before)
+    against the benchmark's 24.8."""
     import statistics
 
     device = torch.cuda.current_device()
