@@ -305,22 +305,31 @@ def launch(
     config: dict,
     use_prmt: bool,
 ) -> torch.Tensor:
-    """Run the kernel; ``use_prmt`` is unused. bf16 activations only: the MMA multiplies bf16, and
-    fp16 activations rounded to bf16 would lose three bits (the adjudicator records the refusal).
-    K a multiple of ``BLOCK_K`` (``configs`` offers nothing else)."""
+    """Run the kernel; ``use_prmt`` is unused. K a multiple of ``BLOCK_K`` (``configs`` offers
+    nothing else)."""
+    return launch_ring(
+        nvfp4_linear_mma_gluon_kernel, aligned_activations, x, packed, scales, global_scale, bias, out, config
+    )
+
+
+def launch_ring(kernel, activations, x, packed, scales, global_scale, bias, out, config: dict) -> torch.Tensor:
+    """Launch a ring-form kernel (this one, ``linear_wgmma_gluon``'s) on ``activations(x)``:
+    the tile grid, weights as int32 words, and the split-K reduce. bf16 activations only: the
+    MMA multiplies bf16, and fp16 activations rounded to bf16 would lose three bits (the
+    adjudicator records the refusal)."""
     if x.dtype != torch.bfloat16:
         raise ValueError(f"x must be bfloat16 for the bf16 tensor-core form, got {x.dtype}")
     for name, t in (("packed", packed), ("scales", scales)):
         if not _copyable(t):
             raise ValueError(f"{name} must start on 16 bytes with rows of whole 16-byte chunks for cp.async")
-    x = aligned_activations(x)
+    x = activations(x)
     m, k = x.shape
     n = packed.shape[0]
     block_n = 16 * config["ROW_TILES"] * config["WARPS"]
     split = config.get("SPLIT_K", 1)
     target = split_target(out, split)
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, config["BLOCK_M"]), split)
-    nvfp4_linear_mma_gluon_kernel[grid](
+    kernel[grid](
         x,
         packed.view(torch.int32),
         scales.view(torch.uint8).view(torch.int32),

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 import triton
-from flashrt.kernels.linear_mma import reduce_splits, split_ks, split_target
+from flashrt.kernels.linear_mma import split_ks
 from flashrt.kernels.linear_mma_gluon import (
     _EPILOGUE_FACTOR,
     _SCALE_FACTOR,
@@ -34,9 +34,9 @@ from flashrt.kernels.linear_mma_gluon import (
     V,
     _async_load,
     _barrier,
-    _copyable,
     _decode,
     _pairs_to_bf16,
+    launch_ring,
     words_layout,
 )
 from triton.experimental import gluon
@@ -195,48 +195,13 @@ def launch(
     config: dict,
     use_prmt: bool,
 ) -> torch.Tensor:
-    """Run the kernel; ``use_prmt`` is unused. bf16 activations only, K in whole steps."""
-    if x.dtype != torch.bfloat16:
-        raise ValueError(f"x must be bfloat16 for the bf16 tensor-core form, got {x.dtype}")
-    for name, t in (("packed", packed), ("scales", scales)):
-        if not _copyable(t):
-            raise ValueError(f"{name} must start on 16 bytes with rows of whole 16-byte chunks for cp.async")
+    """Run the kernel (``linear_mma_gluon.launch_ring``); ``use_prmt`` is unused. K in whole steps."""
     if ring_bytes(config) > RING_BYTES:
         raise ValueError(
             f"config {config}: its ring takes {ring_bytes(config)} bytes of shared memory, over {RING_BYTES}"
         )
-    x = permuted_activations(x)
-    m, k = x.shape
-    n = packed.shape[0]
-    block_n = 16 * config["ROW_TILES"] * config["WARPS"]
-    split = config.get("SPLIT_K", 1)
-    target = split_target(out, split)
-    grid = (triton.cdiv(n, block_n), triton.cdiv(m, config["BLOCK_M"]), split)
-    nvfp4_linear_wgmma_gluon_kernel[grid](
-        x,
-        packed.view(torch.int32),
-        scales.view(torch.uint8).view(torch.int32),
-        global_scale,
-        bias if bias is not None else out,
-        target,
-        m,
-        n,
-        k,
-        x.stride(0),
-        out.stride(0),
-        packed.stride(0) // 4,
-        scales.stride(0) // 4,
-        HAS_BIAS=bias is not None,
-        BLOCK_M=config["BLOCK_M"],
-        ROW_TILES=config["ROW_TILES"],
-        WARPS=config["WARPS"],
-        STAGES=config["STAGES"],
-        SPLIT_K=split,
-        num_warps=config["WARPS"],
-    )
-    if split > 1:
-        reduce_splits(target, global_scale, bias, out)
-    return out
+    kernel = nvfp4_linear_wgmma_gluon_kernel
+    return launch_ring(kernel, permuted_activations, x, packed, scales, global_scale, bias, out, config)
 
 
 RING_BYTES = 224 << 10  # sm_90's 227 KiB a block, less the compiler's own

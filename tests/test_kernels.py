@@ -231,6 +231,44 @@ def test_wgmma_gluon_tiles_and_splits_cover_every_token_and_step(m, k, split, st
     assert (out.double() - ref.double()).norm() / ref.double().norm() < 1e-2
 
 
+def test_ring_launchers_hand_their_kernels_words_tiles_and_splits(monkeypatch):
+    """What CI can check of the two ring forms without a GPU: what their launcher hands the
+    kernel. The weight as int32 words of the same bytes (strides in words), one program a row
+    tile, token tile and split, fp32 partials for the reduce, the activations as they are (the
+    ring form) or permuted into the decode's K order (the wgmma form); fp16 refused by name."""
+    import triton
+
+    calls = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: calls.append((grid, args, kwargs))
+
+    monkeypatch.setattr(linear_mma_gluon, "nvfp4_linear_mma_gluon_kernel", Recorder())
+    monkeypatch.setattr(linear_wgmma_gluon, "nvfp4_linear_wgmma_gluon_kernel", Recorder())
+    q = nvfp4.quantize(torch.randn(1000, 2048, dtype=torch.bfloat16))
+    x = torch.randn(130, 2048, dtype=torch.bfloat16)
+    forms = (
+        (linear_mma_gluon, {"BLOCK_M": 32, "ROW_TILES": 2, "WARPS": 4, "STAGES": 3, "SPLIT_K": 3}, x),
+        (linear_wgmma_gluon, {"BLOCK_M": 128, "ROW_TILES": 1, "WARPS": 8, "STAGES": 2, "SPLIT_K": 3},
+         linear_wgmma_gluon.permuted_activations(x)),
+    )  # fmt: skip
+    for mod, config, handed in forms:
+        out = torch.zeros(130, 1000, dtype=torch.bfloat16)
+        mod.launch(x, q.packed, q.scales, q.global_scale, None, out, config, False)
+        grid, args, kwargs = calls[-1]
+        rows = 16 * config["ROW_TILES"] * config["WARPS"]
+        assert grid == (triton.cdiv(1000, rows), triton.cdiv(130, config["BLOCK_M"]), 3)
+        assert torch.equal(args[0], handed)
+        assert args[1].dtype == torch.int32 and torch.equal(args[1].view(torch.uint8), q.packed)
+        assert torch.equal(args[2].view(torch.uint8), q.scales.view(torch.uint8))
+        assert args[5].shape == (3, 130, 1000) and args[5].dtype == torch.float32
+        assert args[6:] == (130, 1000, 2048, 2048, 1000, q.packed.stride(0) // 4, q.scales.stride(0) // 4)
+        assert kwargs["SPLIT_K"] == 3 and kwargs["num_warps"] == config["WARPS"]
+        with pytest.raises(ValueError, match="bfloat16"):
+            mod.launch(x.half(), q.packed, q.scales, q.global_scale, None, out, config, False)
+
+
 def test_wgmma_form_permutes_activations_into_the_order_its_decode_makes_pairs():
     """The launcher permutes the activations; the kernel decodes each thread's words (lane t,
     group g, word h) into pairs (q0, q1) of elements q and q + 4 and orders them
