@@ -146,6 +146,22 @@ def few_tokens_layout(block_m, warps):
 
 
 @gluon.jit
+def _weight_offsets(
+    pid_n, N, stride_wn, stride_sn, BLOCK_N: gl.constexpr, WORDS_COPY: gl.constexpr, SCALES: gl.constexpr
+):
+    """Offsets of a program's weight words ``[BLOCK_N, 4V]`` (as copied) and scale words
+    ``[BLOCK_N, 4]`` at step 0. Rows past N read row N - 1 instead of being masked (their
+    outputs are never stored)."""
+    wr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, WORDS_COPY))
+    wc = gl.arange(0, 4 * V, layout=gl.SliceLayout(0, WORDS_COPY))
+    word_off = gl.expand_dims(gl.minimum(pid_n * BLOCK_N + wr, N - 1).to(gl.int64) * stride_wn, 1)
+    sr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, SCALES))
+    st = gl.arange(0, 4, layout=gl.SliceLayout(0, SCALES))
+    scale_off = gl.expand_dims(gl.minimum(pid_n * BLOCK_N + sr, N - 1).to(gl.int64) * stride_sn, 1)
+    return word_off + gl.expand_dims(wc, 0), scale_off + gl.expand_dims(st, 0)
+
+
+@gluon.jit
 def _issue(words_slot, scales_slot, x_slot, words_ptr, scales_ptr, x_ptr, step, word_off, scale_off, x_off, x_mask):
     """Start the copies of step ``step`` into one slot of the ring."""
     _async_load(words_slot, words_ptr + step * (4 * V) + word_off)
@@ -200,15 +216,7 @@ def nvfp4_linear_mma_gluon_kernel(
     pid_m = gl.program_id(1)
     pid_k = gl.program_id(2)
 
-    # Rows past N read row N - 1 instead of being masked (their outputs are never stored).
-    wr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, WORDS_COPY))
-    wc = gl.arange(0, 4 * V, layout=gl.SliceLayout(0, WORDS_COPY))
-    word_off = gl.expand_dims(gl.minimum(pid_n * BLOCK_N + wr, N - 1).to(gl.int64) * stride_wn, 1)
-    word_off = word_off + gl.expand_dims(wc, 0)
-    sr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, SCALES))
-    st = gl.arange(0, 4, layout=gl.SliceLayout(0, SCALES))
-    scale_off = gl.expand_dims(gl.minimum(pid_n * BLOCK_N + sr, N - 1).to(gl.int64) * stride_sn, 1)
-    scale_off = scale_off + gl.expand_dims(st, 0)
+    word_off, scale_off = _weight_offsets(pid_n, N, stride_wn, stride_sn, BLOCK_N, WORDS_COPY, SCALES)
     g4 = gl.arange(0, V // 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, WORDS))))
     byte_shift = gl.expand_dims(gl.expand_dims(g4 * 8, 0), 1)  # group g's byte of a thread's scale word
     xr = gl.arange(0, 4 * BLOCK_M, layout=gl.SliceLayout(1, ACTS_COPY))

@@ -32,10 +32,11 @@ from flashrt.kernels.linear_mma_gluon import (
     _SCALE_FACTOR,
     BLOCK_K,
     V,
-    _async_load,
     _barrier,
     _decode,
+    _issue,
     _pairs_to_bf16,
+    _weight_offsets,
     launch_ring,
     words_layout,
 )
@@ -106,14 +107,7 @@ def nvfp4_linear_wgmma_gluon_kernel(
     pid_m = gl.program_id(1)
     pid_k = gl.program_id(2)
 
-    wr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, WORDS_COPY))
-    wc = gl.arange(0, 4 * V, layout=gl.SliceLayout(0, WORDS_COPY))
-    word_off = gl.expand_dims(gl.minimum(pid_n * BLOCK_N + wr, N - 1).to(gl.int64) * stride_wn, 1)
-    word_off = word_off + gl.expand_dims(wc, 0)
-    sr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, SCALES))
-    st = gl.arange(0, 4, layout=gl.SliceLayout(0, SCALES))
-    scale_off = gl.expand_dims(gl.minimum(pid_n * BLOCK_N + sr, N - 1).to(gl.int64) * stride_sn, 1)
-    scale_off = scale_off + gl.expand_dims(st, 0)
+    word_off, scale_off = _weight_offsets(pid_n, N, stride_wn, stride_sn, BLOCK_N, WORDS_COPY, SCALES)
     xr = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ACTS_COPY))
     xc = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, ACTS_COPY))
     tokens = pid_m * BLOCK_M + xr
@@ -129,9 +123,10 @@ def nvfp4_linear_wgmma_gluon_kernel(
     steps = gl.minimum(per_split, K // BLOCK_K - first)
     for s in gl.static_range(STAGES - 1):
         if s < steps:
-            _async_load(words_ring.index(s), words_ptr + (first + s) * (4 * V) + word_off)
-            _async_load(scales_ring.index(s), scales_ptr + (first + s) * (V // 2) + scale_off)
-            _async_load(x_ring.index(s), x_ptr + (first + s) * BLOCK_K + x_off, mask=x_mask)
+            _issue(
+                words_ring.index(s), scales_ring.index(s), x_ring.index(s),
+                words_ptr, scales_ptr, x_ptr, first + s, word_off, scale_off, x_off, x_mask,
+            )  # fmt: skip
         async_copy.commit_group()
 
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=ACC)
@@ -142,9 +137,10 @@ def nvfp4_linear_wgmma_gluon_kernel(
         ahead = i + STAGES - 1
         if ahead < steps:
             slot = ahead % STAGES
-            _async_load(words_ring.index(slot), words_ptr + (first + ahead) * (4 * V) + word_off)
-            _async_load(scales_ring.index(slot), scales_ptr + (first + ahead) * (V // 2) + scale_off)
-            _async_load(x_ring.index(slot), x_ptr + (first + ahead) * BLOCK_K + x_off, mask=x_mask)
+            _issue(
+                words_ring.index(slot), scales_ring.index(slot), x_ring.index(slot),
+                words_ptr, scales_ptr, x_ptr, first + ahead, word_off, scale_off, x_off, x_mask,
+            )  # fmt: skip
         async_copy.commit_group()
         slot = i % STAGES
         words_step = words_ring.index(slot).reshape([BLOCK_N, 4, V // 2, 2])
