@@ -202,9 +202,11 @@ def launch(
 
 RING_BYTES = 224 << 10  # sm_90's 227 KiB a block, less the compiler's own
 # The token counts it is offered for, whole adjudication buckets (17-32 ... 129-256). At 16 and
-# under the ring form's 8-column MMA wastes nothing where this one's 64 would. H200 (commit
-# a9ae2da plus this form, timed as the adjudicator times): at 512 tokens dequant-then-cuBLAS
-# won every Llama shape (gate_up 246 against 268 us), at 256 this form won every one (154 against 181).
+# under the ring form's 8-column MMA wastes nothing where this one's 64 would. H200: at 256
+# tokens the adjudicator chose this form for gate_up, down and the LM head and dequant-then-
+# cuBLAS for qkv (c7a942a, bench/results/h200-kernels-wgmma.json); at 512, in a scratch run of
+# this kernel before it was committed (not in the results), dequant won every Llama shape
+# (gate_up 246 against 268 us).
 MIN_TOKENS = 17
 MAX_TOKENS = 256
 
