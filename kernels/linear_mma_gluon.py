@@ -170,6 +170,73 @@ def _issue(words_slot, scales_slot, x_slot, words_ptr, scales_ptr, x_ptr, step, 
 
 
 @gluon.jit
+def _prime(
+    words_ring, scales_ring, x_ring, words_ptr, scales_ptr, x_ptr, first, steps, word_off, scale_off, x_off, x_mask,
+    STAGES: gl.constexpr,
+):  # fmt: skip
+    """Start the ring's first ``STAGES - 1`` steps: one copy group a step, empty or not (the
+    waits count groups)."""
+    for s in gl.static_range(STAGES - 1):
+        if s < steps:
+            _issue(
+                words_ring.index(s), scales_ring.index(s), x_ring.index(s),
+                words_ptr, scales_ptr, x_ptr, first + s, word_off, scale_off, x_off, x_mask,
+            )  # fmt: skip
+        async_copy.commit_group()
+
+
+@gluon.jit
+def _refill(
+    i, words_ring, scales_ring, x_ring, words_ptr, scales_ptr, x_ptr, first, steps, word_off, scale_off, x_off,
+    x_mask, STAGES: gl.constexpr,
+):  # fmt: skip
+    """At step ``i``, after the barrier: start step ``i + STAGES - 1`` in the slot step ``i - 1``
+    used (everyone is done with it), or an empty group past the end."""
+    ahead = i + STAGES - 1
+    if ahead < steps:
+        slot = ahead % STAGES
+        _issue(
+            words_ring.index(slot), scales_ring.index(slot), x_ring.index(slot),
+            words_ptr, scales_ptr, x_ptr, first + ahead, word_off, scale_off, x_off, x_mask,
+        )  # fmt: skip
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _fragment(words, raw_scales, A_OP: gl.constexpr):
+    """The A fragment ``[rows, 64 G]`` of weight words ``[rows, 4, G, 2]`` (row, lane-in-quad,
+    group, word) and their scale bytes ``[rows, 4, G]``: decoded, scaled, and its pairs in the
+    order the activations are gathered, ``[rows, t, g, h, q0, q1] -> [rows, g, h, q1, q0, t]``
+    (pair = t + 4 q0 + 8 q1 + 16 (2g + h)); the layout change moves no data."""
+    ROWS: gl.constexpr = words.shape[0]
+    K: gl.constexpr = words.shape[2] * 64
+    scale = (raw_scales.to(gl.uint8).to(gl.float8e4nv, bitcast=True).to(gl.float32) * _SCALE_FACTOR).to(gl.bfloat16)
+    p0, p1, p2, p3 = _decode(words, gl.broadcast(gl.expand_dims(scale, 3), words)[0])
+    pairs = gl.join(gl.join(p0, p1), gl.join(p2, p3))
+    pairs = gl.reshape(gl.permute(pairs, (0, 2, 3, 5, 4, 1)), (ROWS, K // 2))
+    a = gl.reshape(_pairs_to_bf16(pairs), (ROWS, K))
+    return gl.convert_layout(a, A_OP, assert_trivial=True)
+
+
+@gluon.jit
+def _store_tile(
+    acc, offs_n, offs_m, mask, out_ptr, bias_ptr, global_scale_ptr, pid_k, M, N, stride_om,
+    HAS_BIAS: gl.constexpr, SPLIT_K: gl.constexpr,
+):  # fmt: skip
+    """The output tile ``[rows, tokens]`` into ``out [M, N]``; split, fp32 partials
+    ``[SPLIT_K, M, N]`` instead (2**7 is exact), which the reduce finishes."""
+    if SPLIT_K > 1:
+        part = out_ptr + gl.expand_dims((pid_k * M + offs_m.to(gl.int64)) * N, 0) + gl.expand_dims(offs_n, 1)
+        gl.store(part, acc * _EPILOGUE_FACTOR, mask=mask)
+    else:
+        acc = acc * (gl.load(global_scale_ptr) * _EPILOGUE_FACTOR)
+        if HAS_BIAS:
+            acc += gl.expand_dims(gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(gl.float32), 1)
+        out = out_ptr + gl.expand_dims(offs_m.to(gl.int64) * stride_om, 0) + gl.expand_dims(offs_n, 1)
+        gl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@gluon.jit
 def nvfp4_linear_mma_gluon_kernel(
     # pointers
     x_ptr,
@@ -232,36 +299,23 @@ def nvfp4_linear_mma_gluon_kernel(
     per_split = gl.cdiv(K // BLOCK_K, SPLIT_K)
     first = pid_k * per_split
     steps = gl.minimum(per_split, K // BLOCK_K - first)
-    for s in gl.static_range(STAGES - 1):
-        if s < steps:
-            _issue(
-                words_ring.index(s), scales_ring.index(s), x_ring.index(s),
-                words_ptr, scales_ptr, x_ptr, first + s, word_off, scale_off, x_off, x_mask,
-            )  # fmt: skip
-        async_copy.commit_group()  # one group a step, empty or not: the wait below counts them
+    _prime(
+        words_ring, scales_ring, x_ring, words_ptr, scales_ptr, x_ptr, first, steps, word_off, scale_off, x_off,
+        x_mask, STAGES,
+    )  # fmt: skip
 
     acc = gl.zeros([BLOCK_N, MMA_M], gl.float32, layout=ACC)
     for i in range(steps):
         async_copy.wait_group(STAGES - 2)  # this thread's copies of step i have landed
         _barrier()  # everyone's have, and everyone is done with the slot refilled next
-        ahead = i + STAGES - 1
-        if ahead < steps:
-            slot = ahead % STAGES
-            _issue(
-                words_ring.index(slot), scales_ring.index(slot), x_ring.index(slot),
-                words_ptr, scales_ptr, x_ptr, first + ahead, word_off, scale_off, x_off, x_mask,
-            )  # fmt: skip
-        async_copy.commit_group()
+        _refill(
+            i, words_ring, scales_ring, x_ring, words_ptr, scales_ptr, x_ptr, first, steps, word_off, scale_off,
+            x_off, x_mask, STAGES,
+        )  # fmt: skip
         slot = i % STAGES
         words = words_ring.index(slot).reshape([BLOCK_N, 4, V // 2, 2]).load(WORDS)
         raw = (gl.expand_dims(scales_ring.index(slot).load(SCALES), 2) >> byte_shift) & 0xFF
-        scale = (raw.to(gl.uint8).to(gl.float8e4nv, bitcast=True).to(gl.float32) * _SCALE_FACTOR).to(gl.bfloat16)
-        p0, p1, p2, p3 = _decode(words, gl.broadcast(gl.expand_dims(scale, 3), words)[0])
-        # [rows, t, g, h, q0, q1] -> [rows, g, h, q1, q0, t]: pair = t + 4 q0 + 8 q1 + 16 (2g + h)
-        pairs = gl.join(gl.join(p0, p1), gl.join(p2, p3))
-        pairs = gl.reshape(gl.permute(pairs, (0, 2, 3, 5, 4, 1)), (BLOCK_N, BLOCK_K // 2))
-        a = gl.reshape(_pairs_to_bf16(pairs), (BLOCK_N, BLOCK_K))
-        a = gl.convert_layout(a, A_OP, assert_trivial=True)
+        a = _fragment(words, raw, A_OP)
         if BLOCK_M < 8:
             FEW: gl.constexpr = few_tokens_layout(BLOCK_M, WARPS)
             x = gl.expand_dims(x_ring.index(slot).load(gl.SliceLayout(0, FEW)), 0)
@@ -279,15 +333,9 @@ def nvfp4_linear_mma_gluon_kernel(
     column = gl.arange(0, MMA_M, layout=gl.SliceLayout(0, ACC))
     offs_m = pid_m * BLOCK_M + column
     mask = gl.expand_dims(offs_n < N, 1) & gl.expand_dims((offs_m < M) & (column < BLOCK_M), 0)
-    if SPLIT_K > 1:  # fp32 partials [SPLIT_K, M, N] (2**7 is exact); the reduce finishes them
-        part = out_ptr + gl.expand_dims((pid_k * M + offs_m.to(gl.int64)) * N, 0) + gl.expand_dims(offs_n, 1)
-        gl.store(part, acc * _EPILOGUE_FACTOR, mask=mask)
-    else:
-        acc = acc * (gl.load(global_scale_ptr) * _EPILOGUE_FACTOR)
-        if HAS_BIAS:
-            acc += gl.expand_dims(gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(gl.float32), 1)
-        out = out_ptr + gl.expand_dims(offs_m.to(gl.int64) * stride_om, 0) + gl.expand_dims(offs_n, 1)
-        gl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    _store_tile(
+        acc, offs_n, offs_m, mask, out_ptr, bias_ptr, global_scale_ptr, pid_k, M, N, stride_om, HAS_BIAS, SPLIT_K
+    )
 
 
 def _copyable(t: torch.Tensor) -> bool:

@@ -28,14 +28,13 @@ import torch
 import triton
 from flashrt.kernels.linear_mma import split_ks
 from flashrt.kernels.linear_mma_gluon import (
-    _EPILOGUE_FACTOR,
-    _SCALE_FACTOR,
     BLOCK_K,
     V,
     _barrier,
-    _decode,
-    _issue,
-    _pairs_to_bf16,
+    _fragment,
+    _prime,
+    _refill,
+    _store_tile,
     _weight_offsets,
     launch_ring,
     words_layout,
@@ -47,19 +46,11 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 
 @gluon.jit
-def _decoded_chunk(
-    words_step, scale_word, c: gl.constexpr, BLOCK_N: gl.constexpr, CHUNK_WORDS: gl.constexpr, A_OP: gl.constexpr
-):
-    """The A fragment ``[BLOCK_N, 64]`` of group ``c`` of a step (each thread's words 2c and 2c + 1
+def _decoded_chunk(words_step, scale_word, c: gl.constexpr, CHUNK_WORDS: gl.constexpr, A_OP: gl.constexpr):
+    """The A fragment ``[rows, 64]`` of group ``c`` of a step (each thread's words 2c and 2c + 1
     and scale byte c): K positions ``64 c .. 64 c + 63`` of the permuted order."""
     words = words_step.slice(c, 1, dim=2).load(CHUNK_WORDS)
-    raw = gl.expand_dims((scale_word >> (8 * c)) & 0xFF, 2)
-    scale = (raw.to(gl.uint8).to(gl.float8e4nv, bitcast=True).to(gl.float32) * _SCALE_FACTOR).to(gl.bfloat16)
-    p0, p1, p2, p3 = _decode(words, gl.broadcast(gl.expand_dims(scale, 3), words)[0])
-    pairs = gl.join(gl.join(p0, p1), gl.join(p2, p3))  # [rows, t, 1, h, q0, q1]
-    pairs = gl.reshape(gl.permute(pairs, (0, 2, 3, 5, 4, 1)), (BLOCK_N, 32))
-    a = gl.reshape(_pairs_to_bf16(pairs), (BLOCK_N, 64))
-    return gl.convert_layout(a, A_OP, assert_trivial=True)
+    return _fragment(words, gl.expand_dims((scale_word >> (8 * c)) & 0xFF, 2), A_OP)
 
 
 @gluon.jit
@@ -121,48 +112,35 @@ def nvfp4_linear_wgmma_gluon_kernel(
     per_split = gl.cdiv(K // BLOCK_K, SPLIT_K)
     first = pid_k * per_split
     steps = gl.minimum(per_split, K // BLOCK_K - first)
-    for s in gl.static_range(STAGES - 1):
-        if s < steps:
-            _issue(
-                words_ring.index(s), scales_ring.index(s), x_ring.index(s),
-                words_ptr, scales_ptr, x_ptr, first + s, word_off, scale_off, x_off, x_mask,
-            )  # fmt: skip
-        async_copy.commit_group()
+    _prime(
+        words_ring, scales_ring, x_ring, words_ptr, scales_ptr, x_ptr, first, steps, word_off, scale_off, x_off,
+        x_mask, STAGES,
+    )  # fmt: skip
 
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=ACC)
     for i in range(steps):
         async_copy.wait_group(STAGES - 2)
         fence_async_shared()  # the ring's generic-proxy writes, before wgmma's async-proxy reads
         _barrier()
-        ahead = i + STAGES - 1
-        if ahead < steps:
-            slot = ahead % STAGES
-            _issue(
-                words_ring.index(slot), scales_ring.index(slot), x_ring.index(slot),
-                words_ptr, scales_ptr, x_ptr, first + ahead, word_off, scale_off, x_off, x_mask,
-            )  # fmt: skip
-        async_copy.commit_group()
+        _refill(
+            i, words_ring, scales_ring, x_ring, words_ptr, scales_ptr, x_ptr, first, steps, word_off, scale_off,
+            x_off, x_mask, STAGES,
+        )  # fmt: skip
         slot = i % STAGES
         words_step = words_ring.index(slot).reshape([BLOCK_N, 4, V // 2, 2])
         scale_word = scales_ring.index(slot).load(SCALES)
         x_step = x_ring.index(slot)
         for c in gl.static_range(CHUNKS):
-            a = _decoded_chunk(words_step, scale_word, c, BLOCK_N, CHUNK_WORDS, A_OP)
+            a = _decoded_chunk(words_step, scale_word, c, CHUNK_WORDS, A_OP)
             acc = warpgroup_mma(a, x_step.slice(c * CHUNK_K, CHUNK_K, dim=1).permute((1, 0)), acc)
     async_copy.wait_group(0)
 
     offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
     offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ACC))
     mask = gl.expand_dims(offs_n < N, 1) & gl.expand_dims(offs_m < M, 0)
-    if SPLIT_K > 1:
-        part = out_ptr + gl.expand_dims((pid_k * M + offs_m.to(gl.int64)) * N, 0) + gl.expand_dims(offs_n, 1)
-        gl.store(part, acc * _EPILOGUE_FACTOR, mask=mask)
-    else:
-        acc = acc * (gl.load(global_scale_ptr) * _EPILOGUE_FACTOR)
-        if HAS_BIAS:
-            acc += gl.expand_dims(gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(gl.float32), 1)
-        out = out_ptr + gl.expand_dims(offs_m.to(gl.int64) * stride_om, 0) + gl.expand_dims(offs_n, 1)
-        gl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    _store_tile(
+        acc, offs_n, offs_m, mask, out_ptr, bias_ptr, global_scale_ptr, pid_k, M, N, stride_om, HAS_BIAS, SPLIT_K
+    )
 
 
 def permuted_activations(x: torch.Tensor) -> torch.Tensor:

@@ -192,9 +192,8 @@ def _forms_offered(forms: dict, capability: tuple[int, int] | None, configs_of) 
     only_w4a4 = w4a4 and _ACTIVATIONS == "nvfp4"
     out = []
     for form, mod in forms.items():
-        if (form == "w4a4" and not w4a4) or (only_w4a4 and form != "w4a4"):
-            continue
-        if form != "w4a4" and not getattr(mod, "qualifies", lambda _: True)(capability):
+        qualifies = getattr(mod, "qualifies", lambda _: True)
+        if not (w4a4 if form == "w4a4" else not only_w4a4 and qualifies(capability)):
             continue
         precision = getattr(mod, "PRECISION", 0)
         out += [candidate(form, cfg, precision) for cfg in configs_of(mod)]
