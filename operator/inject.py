@@ -8,6 +8,7 @@ What it adds (design.md, data flow step 2): an init container that copies the ru
 into an emptyDir; that folder first on the vLLM container's ``PYTHONPATH`` (an existing literal
 value is kept after it); ``FLASHRT_ENABLE=1`` and the profile's ``FLASHRT_*`` settings; the
 engine environment where the user has not set it; ``PROMETHEUS_MULTIPROC_DIR`` on an emptyDir;
+the kernel choices and Triton's cache on an emptyDir that outlives container restarts;
 node affinity for the allowed GPU compute majors; ``flashrt.io/status``. User settings win: an
 environment variable the user set is never overwritten.
 
@@ -29,6 +30,8 @@ from flashrt.operator.constants import (
     BUNDLE_MOUNT,
     BUNDLE_SIZE_LIMIT,
     BUNDLE_VOLUME,
+    CACHE_MOUNT,
+    CACHE_VOLUME,
     COMPUTE_MAJOR_LABEL,
     CONTAINER_ANNOTATION,
     DEFAULT_RUNTIME_IMAGE,
@@ -39,6 +42,7 @@ from flashrt.operator.constants import (
     METRICS_VOLUME,
     RECORD_ANNOTATION,
     STATUS_ANNOTATION,
+    TRITON_CACHE,
 )
 from flashrt.operator.profile import Profile
 
@@ -50,6 +54,7 @@ RESTRICTED_SECURITY_CONTEXT = {
     "runAsUser": 65532,
     "seccompProfile": {"type": "RuntimeDefault"},
 }
+VOLUMES = (BUNDLE_VOLUME, METRICS_VOLUME, CACHE_VOLUME)  # what inject adds to a pod, by name
 INIT_RESOURCES = {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"cpu": "200m", "memory": "128Mi"}}
 
 
@@ -156,6 +161,15 @@ def _conflict(env: list[dict]) -> str | None:
     return None
 
 
+def _keeps_triton_cache(container: Mapping) -> bool:
+    """The user already chose where Triton's cache lives: ``TRITON_CACHE_DIR`` or ``TRITON_HOME``
+    set, or a volume mounted where Triton's default (``~/.triton``) would be. Pointing Triton
+    at flashrt's emptyDir would then silently drop a cache they keep."""
+    env = {e.get("name") for e in container.get("env") or []}
+    mounts = [str(m.get("mountPath", "")) for m in container.get("volumeMounts") or []]
+    return bool(env & {"TRITON_CACHE_DIR", "TRITON_HOME"}) or any(".triton" in p.split("/") for p in mounts)
+
+
 def _node_affinity(spec: dict, profile: Profile) -> dict | None:
     """Add the compute-major constraint; returns what was added, for uninject."""
     if profile.placement == "None":
@@ -214,19 +228,29 @@ def inject(pod: Mapping, profile: Profile, settings: Settings | None = None) -> 
     else:
         record["pythonpath"] = pythonpath.get("value", "")
         pythonpath["value"] = BUNDLE_MOUNT + (":" + pythonpath["value"] if pythonpath.get("value") else "")
-    wanted = [("FLASHRT_ENABLE", "1"), *profile.env(), *ENGINE_ENV.items(), ("PROMETHEUS_MULTIPROC_DIR", METRICS_MOUNT)]
+    wanted = [
+        ("FLASHRT_ENABLE", "1"),
+        *profile.env(),
+        *ENGINE_ENV.items(),
+        ("PROMETHEUS_MULTIPROC_DIR", METRICS_MOUNT),
+        ("FLASHRT_CACHE_DIR", CACHE_MOUNT),
+        *([("TRITON_CACHE_DIR", TRITON_CACHE)] if not _keeps_triton_cache(target) else []),
+    ]
     for name, value in wanted:
-        if name not in names:  # the user's setting wins
+        if name not in names:  # the user's setting wins, then the first in ``wanted``
+            names.add(name)
             env.append({"name": name, "value": value})
             record["env"].append(name)
 
     mounts = target.setdefault("volumeMounts", [])
     mounts.append({"name": BUNDLE_VOLUME, "mountPath": BUNDLE_MOUNT, "readOnly": True})
     mounts.append({"name": METRICS_VOLUME, "mountPath": METRICS_MOUNT})
+    mounts.append({"name": CACHE_VOLUME, "mountPath": CACHE_MOUNT})
     spec.setdefault("volumes", []).extend(
         [
             {"name": BUNDLE_VOLUME, "emptyDir": {"sizeLimit": BUNDLE_SIZE_LIMIT}},
             {"name": METRICS_VOLUME, "emptyDir": {"sizeLimit": METRICS_SIZE_LIMIT}},
+            {"name": CACHE_VOLUME, "emptyDir": {}},
         ]
     )
     security = _json_copy(target.get("securityContext") or RESTRICTED_SECURITY_CONTEXT)
@@ -274,13 +298,11 @@ def uninject(pod: Mapping) -> dict:
         for e in target["env"]:
             if e["name"] == "PYTHONPATH":
                 e["value"] = record["pythonpath"]
-    target["volumeMounts"] = [
-        m for m in target.get("volumeMounts", []) if m["name"] not in (BUNDLE_VOLUME, METRICS_VOLUME)
-    ]
+    target["volumeMounts"] = [m for m in target.get("volumeMounts", []) if m["name"] not in VOLUMES]
     for key in ("env", "volumeMounts"):
         if f"container.{key}" in created and not target[key]:
             del target[key]
-    spec["volumes"] = [v for v in spec.get("volumes", []) if v["name"] not in (BUNDLE_VOLUME, METRICS_VOLUME)]
+    spec["volumes"] = [v for v in spec.get("volumes", []) if v["name"] not in VOLUMES]
     spec["initContainers"] = [c for c in spec.get("initContainers", []) if c["name"] != INIT_CONTAINER]
     affinity = record.get("affinity")
     if affinity:

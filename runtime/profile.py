@@ -136,7 +136,12 @@ ENV = (
         "(weight-only), nvfp4 (W4A4 wherever the GPU has FP4 tensor cores).",
     ),
     EnvVar("FLASHRT_METRICS_PORT", None, _int, "Port of the runtime's own /metrics when vLLM's is not used."),
-    EnvVar("FLASHRT_CACHE_DIR", None, str, "Where kernel choices per device and shape are kept (~/.cache/flashrt)."),
+    EnvVar(
+        "FLASHRT_CACHE_DIR",
+        None,
+        str,
+        "Where kernel choices per device and shape are kept (~/.cache/flashrt; injected: /var/cache/flashrt).",
+    ),
     EnvVar("FLASHRT_COMMIT", None, str, "Benchmarks: the commit to record when the tree has no .git."),
     EnvVar("FLASHRT_TEST_SEED", None, _int, "Tests: replay a failed test with the seed it printed."),
     EnvVar("FLASHRT_CHECKOV", None, str, "Tests: the checkov executable (make test sets its own)."),

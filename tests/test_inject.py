@@ -8,11 +8,14 @@ import kubernetes_validate
 import pytest
 from flashrt.operator.constants import (
     BUNDLE_MOUNT,
+    CACHE_MOUNT,
+    CACHE_VOLUME,
     COMPUTE_MAJOR_LABEL,
     INIT_CONTAINER,
     METRICS_MOUNT,
     RECORD_ANNOTATION,
     STATUS_ANNOTATION,
+    TRITON_CACHE,
 )
 from flashrt.operator.inject import Settings, inject, uninject
 from flashrt.operator.profile import Profile, from_object
@@ -201,6 +204,50 @@ def test_an_existing_literal_pythonpath_is_wrapped_and_user_settings_win():
     assert env["VLLM_DISABLE_COMPILE_CACHE"] == "1"
 
 
+def test_kernel_choices_and_triton_cache_live_on_an_emptydir_that_outlives_container_restarts():
+    pod = vllm_production_stack_pod()
+    out = inject(pod, PROFILE).pod
+    env = _env(out)
+    assert env["FLASHRT_CACHE_DIR"] == CACHE_MOUNT and env["TRITON_CACHE_DIR"] == TRITON_CACHE
+    mounts = {m["name"]: m for m in out["spec"]["containers"][0]["volumeMounts"]}
+    assert mounts[CACHE_VOLUME] == {"name": CACHE_VOLUME, "mountPath": CACHE_MOUNT}
+    volumes = {v["name"]: v for v in out["spec"]["volumes"]}
+    assert volumes[CACHE_VOLUME] == {"name": CACHE_VOLUME, "emptyDir": {}}, "a sizeLimit would evict the pod"
+    assert uninject(out) == pod
+
+
+@pytest.mark.parametrize(
+    ("env", "mounts"),
+    [
+        ([{"name": "TRITON_CACHE_DIR", "value": "/models/triton"}], []),
+        ([{"name": "TRITON_HOME", "value": "/models"}], []),
+        ([], [{"name": "vllm-storage", "mountPath": "/root/.triton"}]),
+        ([], [{"name": "vllm-storage", "mountPath": "/home/vllm/.triton/cache"}]),
+    ],
+    ids=["TRITON_CACHE_DIR", "TRITON_HOME", "a volume at ~/.triton", "a volume at ~/.triton/cache"],
+)
+def test_a_triton_cache_the_user_keeps_stays_where_it_is(env, mounts):
+    pod = vllm_production_stack_pod()
+    container = pod["spec"]["containers"][0]
+    container["env"] += env
+    container["volumeMounts"] += mounts
+    result = inject(pod, PROFILE)
+    _check(pod, result)
+    out = result.pod
+    assert _env(out).get("TRITON_CACHE_DIR") == next((e["value"] for e in env if e["name"] == "TRITON_CACHE_DIR"), None)
+    assert _env(out)["FLASHRT_CACHE_DIR"] == CACHE_MOUNT
+    assert uninject(out) == pod
+
+
+def test_a_cache_dir_from_the_container_or_the_profile_wins_and_is_set_once():
+    pod = _with_env([{"name": "FLASHRT_CACHE_DIR", "value": "/data/flashrt"}])
+    assert _env(inject(pod, PROFILE).pod)["FLASHRT_CACHE_DIR"] == "/data/flashrt"
+    profile = from_object({"metadata": {"name": "p"}, "spec": {"settings": {"FLASHRT_CACHE_DIR": "/data/choices"}}})
+    out = inject(vllm_production_stack_pod(), profile).pod
+    names = [e["name"] for e in out["spec"]["containers"][0]["env"]]
+    assert names.count("FLASHRT_CACHE_DIR") == 1 and _env(out)["FLASHRT_CACHE_DIR"] == "/data/choices"
+
+
 def test_required_placement_joins_every_existing_node_selector_term():
     out = inject(kserve_predictor_pod(), PROFILE).pod
     terms = out["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
@@ -297,6 +344,7 @@ def test_profile_settings_reach_the_container_and_the_record_says_what_was_added
         ({"seats": {"attention": True}}, r"spec.seats: unknown kinds \['attention'\]"),
         ({"settings": {"FLASHRT_MAX_FAULTS": 5}}, "spec.settings.FLASHRT_MAX_FAULTS: got 5, need a string"),
         ({"settings": {"VLLM_FOO": "1"}}, r"spec.settings.VLLM_FOO: only FLASHRT_\* variables"),
+        ({"settings": {"FLASHRT_KINDS": "dense"}}, "spec.settings.FLASHRT_KINDS: spec.seats sets it; set it there"),
         ({"moeBandT": True}, "spec.moeBandT: got True"),
         ({"typo": 1}, r"spec: unknown fields \['typo'\]"),
     ],
