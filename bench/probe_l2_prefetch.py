@@ -8,8 +8,8 @@ save up to the time of those bytes from HBM: about 9 us a layer, 0.29 ms a step,
 projections at copy bandwidth.
 
 The stand-in for attention is ``torch.cuda._sleep`` (one block spinning on the clock, no memory
-traffic). Every arm is captured in one CUDA graph, each call after the adjudicator's read-only L2
-flush, and timed as ``ops._time_us`` does (the flushes alone subtracted):
+traffic). Every arm is timed by the adjudicator's ``ops._time_us``: captured in one CUDA graph,
+each call after a read-only L2 flush, the flushes alone subtracted:
 
 - ``plain``: spin, o, gate_up (what a step does now);
 - ``bulk``: a prefetch launch (``cp.async.bulk.prefetch.L2``, fire and forget, 16-byte aligned
@@ -25,7 +25,6 @@ flush, and timed as ``ops._time_us`` does (the flushes alone subtracted):
 """
 
 import json
-import statistics
 import sys
 
 import torch
@@ -91,46 +90,6 @@ def line_prefetch(parts, sink):
         line_prefetch_kernel[(triton.cdiv(words.numel(), 4096),)](words, words.numel(), sink, BLOCK=4096, num_warps=8)
 
 
-def time_graph(body, calls=16, replays=9):
-    """Microseconds a call of ``body`` after a read-only L2 flush, the flushes alone subtracted."""
-    device = torch.cuda.current_device()
-    scratch = torch.zeros(
-        torch.cuda.get_device_properties(device).L2_cache_size * 3 // 8, dtype=torch.int32, device=device
-    )
-    total = torch.empty((), dtype=torch.int64, device="cuda")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        body(side)
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-
-    def capture(with_body):
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(calls):
-                torch.sum(scratch, 0, out=total)
-                if with_body:
-                    body(side)
-        graph.replay()
-        torch.cuda.synchronize()
-        return graph
-
-    graphs = capture(True), capture(False)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = []
-    for _ in range(replays):
-        pair = []
-        for graph in graphs:
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            pair.append(start.elapsed_time(end) * 1e3 / calls)
-        samples.append(pair[0] - pair[1])
-    return statistics.median(samples)
-
-
 def spin_cycles_for(us):
     """``torch.cuda._sleep`` counts clock cycles: calibrate them against the events once."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -143,8 +102,8 @@ def spin_cycles_for(us):
     return int(cycles * us / (start.elapsed_time(end) * 1e3))
 
 
-def arms(weights, xs, cycles, parts, sink):
-    """Each arm's body, given the stream a fork may use."""
+def arms(weights, xs, cycles, parts, sink, side):
+    """Each arm's body; ``side`` is the stream the forked arms prefetch on."""
 
     def projections():
         for x, w in zip(xs, weights, strict=True):
@@ -154,7 +113,7 @@ def arms(weights, xs, cycles, parts, sink):
         torch.cuda._sleep(cycles)
 
     def forked(prefetch):
-        def body(side):
+        def body():
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 prefetch(parts, sink)
@@ -165,12 +124,12 @@ def arms(weights, xs, cycles, parts, sink):
         return body
 
     return {
-        "plain": lambda side: (spin(), projections()),
-        "bulk": lambda side: (bulk_prefetch(parts, sink), spin(), projections()),
+        "plain": lambda: (spin(), projections()),
+        "bulk": lambda: (bulk_prefetch(parts, sink), spin(), projections()),
         "side": forked(bulk_prefetch),
         "lines": forked(line_prefetch),
-        "spin": lambda side: spin(),
-        "bulk_spin": lambda side: (bulk_prefetch(parts, sink), spin()),
+        "spin": spin,
+        "bulk_spin": lambda: (bulk_prefetch(parts, sink), spin()),
     }
 
 
@@ -178,6 +137,7 @@ def main(path):
     torch.manual_seed(0)
     weights = [nvfp4.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16)) for n, k in (O_PROJ, GATE_UP)]
     sink = torch.zeros(THREADS, dtype=torch.int32, device="cuda")
+    side = torch.cuda.Stream()
     rows = []
     for m in (1, 8):
         xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _, k in (O_PROJ, GATE_UP)]
@@ -186,7 +146,8 @@ def main(path):
             cycles = spin_cycles_for(spin_us)
             for head_mb in (0, 16, 32):
                 parts = regions(weights, head_mb << 20)
-                times = {name: time_graph(body) for name, body in arms(weights, xs, cycles, parts, sink).items()}
+                bodies = arms(weights, xs, cycles, parts, sink, side)
+                times = {name: ops._time_us(body, replays=9) for name, body in bodies.items()}
                 got = [ops.linear(x, w) for x, w in zip(xs, weights, strict=True)]
                 assert all(map(torch.equal, got, expected)), "a prefetch changed a result"
                 row = {"M": m, "spin_us": spin_us, "prefetched_MB": sum(b for _, b in parts) / 2**20}
