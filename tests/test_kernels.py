@@ -305,7 +305,26 @@ def test_the_dequant_form_decodes_the_same_numbers_as_the_reference(k, device):
         else:
             torch.testing.assert_close(got, expected, rtol=2**-7, atol=0)
     assert not linear_dequant.configs(linear_dequant.MIN_ROWS - 1, 300, k), "not offered to decode-sized batches"
-    assert not linear_dequant.configs(4096, 65536, 4096), "nor where the decoded copy would be a memory spike"
+    spike = linear_dequant.configs(4096, 65536, 4096)
+    assert spike and all("SLAB_ROWS" in c for c in spike), "a layer whose whole copy is a memory spike: slabs only"
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_dequant_form_in_slabs_writes_each_slab_into_its_own_columns(bias, device):
+    """Slabs of 64 rows through one buffer, the last one ragged (200 = 3 x 64 + 8): every column
+    written once, by its own rows, with its own bias."""
+    n, k, m = (200, 768, 64) if not ON_GPU else (4100, 2048, 512)
+    q = nvfp4.quantize(torch.randn(n, k, dtype=torch.bfloat16, device=device))
+    x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
+    b = torch.randn(n, dtype=torch.bfloat16, device=device) if bias else None
+    config = {**LINEAR_CONFIGS["dequant"], "SLAB_ROWS": 64 if not ON_GPU else 2048}
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
+    linear_dequant.launch(x, q.packed, q.scales, q.global_scale, b, out, config, _prmt(device))
+    assert not out.isnan().any(), "every output column must be written"
+    ref = ops.linear_reference(x, q, b)
+    assert (out.double() - ref.double()).norm() / ref.double().norm() < 1e-2
+    per_column = (out.double() - ref.double()).norm(dim=0) / ref.double().norm(dim=0)
+    assert per_column.max() < 2e-2, "a slab landed in another slab's columns"
 
 
 def test_the_ring_form_reads_activations_only_from_16_byte_rows():
