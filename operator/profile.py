@@ -17,18 +17,6 @@ METRICS_MODES = ("vllm", "port")
 ROLLOUTS = ("Manual", "OnChange")
 ACTIVATIONS = ("auto", "bf16", "nvfp4")  # flashrt.runtime.profile.ACTIVATIONS (no torch import here)
 SEAT_KINDS = ("dense", "experts", "head")
-# The variables a field of the spec sets: in ``spec.settings`` they would set it twice.
-FIELD_VARIABLES = {
-    "FLASHRT_KINDS": "spec.seats",
-    "FLASHRT_MOE_BAND_T": "spec.moeBandT",
-    "FLASHRT_PARITY_FLOOR": "spec.parityFloor",
-    "FLASHRT_STRICT": "spec.strict",
-    "FLASHRT_RETAIN_HOST_EXPERTS": "spec.retainHostExperts",
-    "FLASHRT_ACTIVATIONS": "spec.activations",
-    "FLASHRT_INCLUDE": "spec.include",
-    "FLASHRT_EXCLUDE": "spec.exclude",
-    "FLASHRT_METRICS_PORT": "spec.metrics.port",
-}
 
 
 @dataclass(frozen=True)
@@ -70,7 +58,9 @@ class Profile:
             env.append(("FLASHRT_EXCLUDE", ",".join(self.exclude)))
         if self.metrics_mode == "port":
             env.append(("FLASHRT_METRICS_PORT", str(self.metrics_port)))
-        return env + list(self.settings)
+        # A setting overrides the field that sets the same variable, as the later of two entries
+        # did when both went in (with the API server's warning that it "hides previous definition").
+        return list((dict(env) | dict(self.settings)).items())
 
 
 def _expect(value, kinds, path: str, fix: str):
@@ -136,8 +126,6 @@ def from_object(obj: Mapping) -> Profile:
     for k, v in settings.items():
         if not k.startswith("FLASHRT_") or k == "FLASHRT_ENABLE":
             raise ValueError(f"spec.settings.{k}: only FLASHRT_* variables (not FLASHRT_ENABLE) can be set here")
-        if k in FIELD_VARIABLES:
-            raise ValueError(f"spec.settings.{k}: {FIELD_VARIABLES[k]} sets it; set it there instead")
         if not isinstance(v, str):
             raise ValueError(f"spec.settings.{k}: got {v!r}, need a string (quote numbers in YAML)")
     rollout = spec.get("rollout", "Manual")
