@@ -100,9 +100,11 @@ async def operator_at(api_url: str, namespaces: list[str], cert: Path, key: Path
                 await asyncio.sleep(0.05)
         yield url
     finally:
+        # Past a graceful second, cancelled: stopped by its flag, kopf waits 5 s for every task
+        # begun since it started (the API server's and the clients' connections among them).
         stop.set_result(None)
         with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError):
-            await asyncio.wait_for(task, timeout=10)
+            await asyncio.wait_for(task, timeout=1)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
