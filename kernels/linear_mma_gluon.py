@@ -162,11 +162,18 @@ def _weight_offsets(
 
 
 @gluon.jit
-def _issue(words_slot, scales_slot, x_slot, words_ptr, scales_ptr, x_ptr, step, word_off, scale_off, x_off, x_mask):
-    """Start the copies of step ``step`` into one slot of the ring."""
-    _async_load(words_slot, words_ptr + step * (4 * V) + word_off)
-    _async_load(scales_slot, scales_ptr + step * (V // 2) + scale_off)
-    _async_load(x_slot, x_ptr + step * (32 * V) + x_off, mask=x_mask)
+def _start(
+    step, slot, steps, words_ring, scales_ring, x_ring, words_ptr, scales_ptr, x_ptr, first, word_off, scale_off,
+    x_off, x_mask,
+):  # fmt: skip
+    """Start the copies of step ``step`` into ring slot ``slot`` as one copy group, an empty one
+    past the last step (the waits count groups)."""
+    if step < steps:
+        at = first + step
+        _async_load(words_ring.index(slot), words_ptr + at * (4 * V) + word_off)
+        _async_load(scales_ring.index(slot), scales_ptr + at * (V // 2) + scale_off)
+        _async_load(x_ring.index(slot), x_ptr + at * (32 * V) + x_off, mask=x_mask)
+    async_copy.commit_group()
 
 
 @gluon.jit
@@ -174,15 +181,12 @@ def _prime(
     words_ring, scales_ring, x_ring, words_ptr, scales_ptr, x_ptr, first, steps, word_off, scale_off, x_off, x_mask,
     STAGES: gl.constexpr,
 ):  # fmt: skip
-    """Start the ring's first ``STAGES - 1`` steps: one copy group a step, empty or not (the
-    waits count groups)."""
+    """Start the ring's first ``STAGES - 1`` steps."""
     for s in gl.static_range(STAGES - 1):
-        if s < steps:
-            _issue(
-                words_ring.index(s), scales_ring.index(s), x_ring.index(s),
-                words_ptr, scales_ptr, x_ptr, first + s, word_off, scale_off, x_off, x_mask,
-            )  # fmt: skip
-        async_copy.commit_group()
+        _start(
+            s, s, steps, words_ring, scales_ring, x_ring, words_ptr, scales_ptr, x_ptr, first, word_off, scale_off,
+            x_off, x_mask,
+        )  # fmt: skip
 
 
 @gluon.jit
@@ -191,15 +195,12 @@ def _refill(
     x_mask, STAGES: gl.constexpr,
 ):  # fmt: skip
     """At step ``i``, after the barrier: start step ``i + STAGES - 1`` in the slot step ``i - 1``
-    used (everyone is done with it), or an empty group past the end."""
+    used (everyone is done with it)."""
     ahead = i + STAGES - 1
-    if ahead < steps:
-        slot = ahead % STAGES
-        _issue(
-            words_ring.index(slot), scales_ring.index(slot), x_ring.index(slot),
-            words_ptr, scales_ptr, x_ptr, first + ahead, word_off, scale_off, x_off, x_mask,
-        )  # fmt: skip
-    async_copy.commit_group()
+    _start(
+        ahead, ahead % STAGES, steps, words_ring, scales_ring, x_ring, words_ptr, scales_ptr, x_ptr, first, word_off,
+        scale_off, x_off, x_mask,
+    )  # fmt: skip
 
 
 @gluon.jit
