@@ -369,7 +369,9 @@ def launch(
     )
 
 
-def launch_ring(kernel, activations, x, packed, scales, global_scale, bias, out, config: dict) -> torch.Tensor:
+def launch_ring(
+    kernel, activations, x, packed, scales, global_scale, bias, out, config: dict, **constexprs
+) -> torch.Tensor:
     """Launch a ring-form kernel (this one, ``linear_wgmma_gluon``'s) on ``activations(x)``:
     the tile grid, weights as int32 words, and the split-K reduce. bf16 activations only: the
     MMA multiplies bf16, and fp16 activations rounded to bf16 would lose three bits (the
@@ -407,6 +409,7 @@ def launch_ring(kernel, activations, x, packed, scales, global_scale, bias, out,
         STAGES=config["STAGES"],
         SPLIT_K=split,
         num_warps=config["WARPS"],
+        **constexprs,
     )
     if split > 1:
         reduce_splits(target, global_scale, bias, out)

@@ -42,7 +42,7 @@ from flashrt.kernels.linear_mma_gluon import (
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 
 @gluon.jit
@@ -78,6 +78,7 @@ def nvfp4_linear_wgmma_gluon_kernel(
     WARPS: gl.constexpr,
     STAGES: gl.constexpr,
     SPLIT_K: gl.constexpr,
+    ASYNC_MMA: gl.constexpr,
 ):
     BLOCK_N: gl.constexpr = 16 * ROW_TILES * WARPS
     BLOCK_K: gl.constexpr = 32 * V
@@ -130,9 +131,21 @@ def nvfp4_linear_wgmma_gluon_kernel(
         words_step = words_ring.index(slot).reshape([BLOCK_N, 4, V // 2, 2])
         scale_word = scales_ring.index(slot).load(SCALES)
         x_step = x_ring.index(slot)
-        for c in gl.static_range(CHUNKS):
-            a = _decoded_chunk(words_step, scale_word, c, CHUNK_WORDS, A_OP)
-            acc = warpgroup_mma(a, x_step.slice(c * CHUNK_K, CHUNK_K, dim=1).permute((1, 0)), acc)
+        if ASYNC_MMA:  # chunk c + 1 decodes while chunk c multiplies; each A fragment lives until its MMA retires
+            a = _decoded_chunk(words_step, scale_word, 0, CHUNK_WORDS, A_OP)
+            acc = warpgroup_mma(a, x_step.slice(0, CHUNK_K, dim=1).permute((1, 0)), acc, is_async=True)
+            for c in gl.static_range(1, CHUNKS):
+                a_next = _decoded_chunk(words_step, scale_word, c, CHUNK_WORDS, A_OP)
+                acc = warpgroup_mma(
+                    a_next, x_step.slice(c * CHUNK_K, CHUNK_K, dim=1).permute((1, 0)), acc, is_async=True
+                )
+                acc, a = warpgroup_mma_wait(1, deps=[acc, a])
+                a = a_next
+            acc, a = warpgroup_mma_wait(0, deps=[acc, a])  # the ring slot is refilled next step
+        else:
+            for c in gl.static_range(CHUNKS):
+                a = _decoded_chunk(words_step, scale_word, c, CHUNK_WORDS, A_OP)
+                acc = warpgroup_mma(a, x_step.slice(c * CHUNK_K, CHUNK_K, dim=1).permute((1, 0)), acc)
     async_copy.wait_group(0)
 
     offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
@@ -175,7 +188,10 @@ def launch(
             f"config {config}: its ring takes {ring_bytes(config)} bytes of shared memory, over {RING_BYTES}"
         )
     kernel = nvfp4_linear_wgmma_gluon_kernel
-    return launch_ring(kernel, permuted_activations, x, packed, scales, global_scale, bias, out, config)
+    return launch_ring(
+        kernel, permuted_activations, x, packed, scales, global_scale, bias, out, config,
+        ASYNC_MMA=config["ASYNC_MMA"],
+    )  # fmt: skip
 
 
 RING_BYTES = 224 << 10  # sm_90's 227 KiB a block, less the compiler's own
@@ -214,10 +230,12 @@ def configs(m: int, n: int, k: int) -> list[dict]:
         for tiles in (1, 2):
             for warps in (4, 8):
                 for stages in (2, 3):
-                    base = {"BLOCK_M": block_m, "ROW_TILES": tiles, "WARPS": warps, "STAGES": stages}
-                    if ring_bytes(base) > RING_BYTES:
-                        continue
-                    out.append(base)
-                    programs = triton.cdiv(n, 16 * tiles * warps) * triton.cdiv(m, block_m)
-                    out += [{**base, "SPLIT_K": s} for s in split_ks(programs, k, BLOCK_K)]
+                    for async_mma in (0, 1):
+                        base = {"BLOCK_M": block_m, "ROW_TILES": tiles, "WARPS": warps, "STAGES": stages,
+                                "ASYNC_MMA": async_mma}  # fmt: skip
+                        if ring_bytes(base) > RING_BYTES:
+                            continue
+                        out.append(base)
+                        programs = triton.cdiv(n, 16 * tiles * warps) * triton.cdiv(m, block_m)
+                        out += [{**base, "SPLIT_K": s} for s in split_ks(programs, k, BLOCK_K)]
     return out

@@ -139,7 +139,7 @@ LINEAR_CONFIGS = {
     "gemv_gluon": {"ROWS": 4, "GROUPS": 2, "WARPS_N": 2, "WARPS_K": 2},
     "mma": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4, "num_stages": 2},
     "mma_gluon": {"BLOCK_M": 16, "ROW_TILES": 2, "WARPS": 4, "STAGES": 3},
-    "wgmma_gluon": {"BLOCK_M": 64, "ROW_TILES": 1, "WARPS": 4, "STAGES": 2},
+    "wgmma_gluon": {"BLOCK_M": 64, "ROW_TILES": 1, "WARPS": 4, "STAGES": 2, "ASYNC_MMA": 1},
     "dequant": {"BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4},
 }
 LINEAR_CASES = [(form, m, k) for form in LINEAR_FORMS for m in LINEAR_TOKENS[form] for k in (768, 2048, 4096)]
@@ -211,18 +211,23 @@ def test_mma_gluon_ring_and_splits_cover_every_step_once(m, k, split, stages, bl
 @pytest.mark.skipif(
     not ON_GPU or "wgmma_gluon" not in GLUON_FORMS, reason="wgmma is sm_90's: CI builds it for sm_90 only"
 )
+@pytest.mark.parametrize("async_mma", [0, 1])
 @pytest.mark.parametrize(
     ("m", "k", "split", "stages", "block_m", "tiles", "warps"),
     [(130, 4096, 3, 2, 128, 1, 8), (64, 768, 2, 2, 64, 2, 8), (100, 2048, 1, 3, 64, 2, 4), (40, 2048, 4, 2, 128, 2, 4)],
 )
-def test_wgmma_gluon_tiles_and_splits_cover_every_token_and_step(m, k, split, stages, block_m, tiles, warps, device):
+def test_wgmma_gluon_tiles_and_splits_cover_every_token_and_step(
+    m, k, split, stages, block_m, tiles, warps, async_mma, device
+):
     """The warpgroup form: a token tile past the batch (130 in tiles of 128), two warpgroups and
-    two row tiles, splits that do not divide the steps (16 in 3, 3 in 2, 8 in 4)."""
+    two row tiles, splits that do not divide the steps (16 in 3, 3 in 2, 8 in 4); its MMAs one
+    at a time and with the next chunk decoded while one is in flight."""
     n = 1000
     q = nvfp4.quantize(torch.randn(n, k, dtype=torch.bfloat16, device=device))
     x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
     bias = torch.randn(n, dtype=torch.bfloat16, device=device)
     config = {"BLOCK_M": block_m, "ROW_TILES": tiles, "WARPS": warps, "STAGES": stages, "SPLIT_K": split}
+    config["ASYNC_MMA"] = async_mma
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
     assert linear_wgmma_gluon.ring_bytes(config) <= linear_wgmma_gluon.RING_BYTES, "a ring configs() would offer"
     linear_wgmma_gluon.launch(x, q.packed, q.scales, q.global_scale, bias, out, config, False)
@@ -250,7 +255,7 @@ def test_ring_launchers_hand_their_kernels_words_tiles_and_splits(monkeypatch):
     x = torch.randn(130, 2048, dtype=torch.bfloat16)
     forms = (
         (linear_mma_gluon, {"BLOCK_M": 32, "ROW_TILES": 2, "WARPS": 4, "STAGES": 3, "SPLIT_K": 3}, x),
-        (linear_wgmma_gluon, {"BLOCK_M": 128, "ROW_TILES": 1, "WARPS": 8, "STAGES": 2, "SPLIT_K": 3},
+        (linear_wgmma_gluon, {"BLOCK_M": 128, "ROW_TILES": 1, "WARPS": 8, "STAGES": 2, "SPLIT_K": 3, "ASYNC_MMA": 1},
          linear_wgmma_gluon.permuted_activations(x)),
     )  # fmt: skip
     for mod, config, handed in forms:
@@ -265,6 +270,7 @@ def test_ring_launchers_hand_their_kernels_words_tiles_and_splits(monkeypatch):
         assert args[5].shape == (3, 130, 1000) and args[5].dtype == torch.float32
         assert args[6:] == (130, 1000, 2048, 2048, 1000, q.packed.stride(0) // 4, q.scales.stride(0) // 4)
         assert kwargs["SPLIT_K"] == 3 and kwargs["num_warps"] == config["WARPS"]
+        assert kwargs.get("ASYNC_MMA") == config.get("ASYNC_MMA")
         with pytest.raises(ValueError, match="bfloat16"):
             mod.launch(x.half(), q.packed, q.scales, q.global_scale, None, out, config, False)
 
