@@ -205,6 +205,15 @@ MIN_TOKENS = 17
 MAX_TOKENS = 256
 
 
+# ``ASYNC_MMA``: chunk c + 1 decoded while chunk c's wgmma is in flight, its A fragment kept
+# live beside the next one. H200, every config offered at 64-256 tokens, each in both orders
+# (bench/results/h200-probe-wgmma-async.json): pipelined 1-11% faster wherever the accumulator
+# is under 128 fp32 registers a thread (BLOCK_M x ROW_TILES < 256), 10% slower at 128, where
+# the second fragment spills (sm_90, Triton 3.6: 88 bytes of stack against 16). So the order
+# follows from the tile and is not an axis to measure at attach.
+ASYNC_MMA_SPILLS = 256
+
+
 def ring_bytes(config: dict) -> int:
     """A step's words and scale bytes (144 bytes a row) and activations (512 bytes a token), times the stages."""
     block_n = 16 * config["ROW_TILES"] * config["WARPS"]
@@ -230,12 +239,11 @@ def configs(m: int, n: int, k: int) -> list[dict]:
         for tiles in (1, 2):
             for warps in (4, 8):
                 for stages in (2, 3):
-                    for async_mma in (0, 1):
-                        base = {"BLOCK_M": block_m, "ROW_TILES": tiles, "WARPS": warps, "STAGES": stages,
-                                "ASYNC_MMA": async_mma}  # fmt: skip
-                        if ring_bytes(base) > RING_BYTES:
-                            continue
-                        out.append(base)
-                        programs = triton.cdiv(n, 16 * tiles * warps) * triton.cdiv(m, block_m)
-                        out += [{**base, "SPLIT_K": s} for s in split_ks(programs, k, BLOCK_K)]
+                    base = {"BLOCK_M": block_m, "ROW_TILES": tiles, "WARPS": warps, "STAGES": stages}
+                    if ring_bytes(base) > RING_BYTES:
+                        continue
+                    base["ASYNC_MMA"] = int(block_m * tiles < ASYNC_MMA_SPILLS)
+                    out.append(base)
+                    programs = triton.cdiv(n, 16 * tiles * warps) * triton.cdiv(m, block_m)
+                    out += [{**base, "SPLIT_K": s} for s in split_ks(programs, k, BLOCK_K)]
     return out
