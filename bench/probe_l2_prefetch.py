@@ -22,6 +22,10 @@ each call after a read-only L2 flush, the flushes alone subtracted:
   costs the stream.
 
 ``python3 bench/probe_l2_prefetch.py OUT.json`` with flashrt importable (``bench/gpu_run.sh``).
+
+Answer, H200 at 7554cb7 (``bench/results/h200-probe-l2-prefetch.json``): no. Every prefetching
+arm was slower than ``plain``, the forked ones by 1.3-3.5 us with 25 us for the bytes to land,
+and the in-stream launch held its stream up 6-14 us (``bulk_spin`` against ``spin``).
 """
 
 import json

@@ -14,8 +14,11 @@ Decoded whole, the copy costs HBM 2 bytes written and 2 read again a parameter o
 of the codes: on the H200 the form ran the three Llama-3-8B projections at 512 tokens at 0.71x
 the bf16 speed and at 2048 at 0.91x (geometric means, cffd015).
 In slabs (``SLAB_ROWS``), a slab of rows is decoded into one reused buffer and multiplied into
-its columns of the output before the next: a buffer under the L2 (50 MB on the H100 and H200)
-can be written, read and overwritten there. The adjudicator measures which pays for a shape.
+its columns of the output before the next, so a layer too large to decode whole (an LM head)
+still gets this form. Slabs are not a way to keep the copy in L2: on the H200, where both were
+offered, slabs of 4096 rows ran 1-11% slower than the whole copy and of 2048 rows 4-35% slower
+(qkv and gate_up at 512 and 2048 tokens, 7554cb7, ``bench/results/h200-kernels-slabs.json``):
+the narrower GEMMs lose more than the L2 saves. So they are offered only where the whole copy is not.
 """
 
 from __future__ import annotations
@@ -32,10 +35,9 @@ MIN_ROWS = 64
 # an LM-head slab 512 MiB. Layers above this are decoded in slabs or left to the forms that need
 # no copy, so a serving engine that sized its KV cache to the card never meets a spike of that order.
 MAX_DECODED_BYTES = 256 << 20
-# Slabs of weight rows: a GEMM over a slab makes tokens/128 x rows/128 of cuBLAS's 128 x 128
-# output tiles, a wave of the H200's 132 SMs at 512 tokens and 4096 rows, so slabs are not
-# narrower than 2048 rows; and not offered where the buffer would pass 32 MiB of the 50 MB L2
-# that the codes streaming in and the activations share.
+# Slabs of weight rows, for layers past MAX_DECODED_BYTES: a GEMM over a slab makes tokens/128 x
+# rows/128 of cuBLAS's 128 x 128 output tiles, a wave of the H200's 132 SMs at 512 tokens and
+# 4096 rows, so slabs are not narrower than 2048 rows; the buffer is at most 32 MiB.
 SLAB_ROWS = (2048, 4096)
 MAX_SLAB_BYTES = 32 << 20
 
@@ -127,12 +129,14 @@ def launch(
 
 def configs(m: int, n: int, k: int) -> list[dict]:
     """Two tile shapes of the decode pass (it is a copy: 8-16 KB of codes in, 32-64 KB out a
-    program), each decoding the whole weight where that copy stays under ``MAX_DECODED_BYTES``
-    and in each ``SLAB_ROWS`` narrower than the weight whose buffer stays under
+    program), each decoding the whole weight where that copy stays under ``MAX_DECODED_BYTES``,
+    else in each ``SLAB_ROWS`` narrower than the weight whose buffer stays under
     ``MAX_SLAB_BYTES``; only from ``MIN_ROWS`` rows, where the GEMM can hide the pass."""
     if m < MIN_ROWS or k % 16:
         return []
-    whole = [{}] if n * k * 2 <= MAX_DECODED_BYTES else []
-    slabs = [{"SLAB_ROWS": rows} for rows in SLAB_ROWS if rows < n and rows * k * 2 <= MAX_SLAB_BYTES]
+    if n * k * 2 <= MAX_DECODED_BYTES:
+        copies = [{}]
+    else:
+        copies = [{"SLAB_ROWS": rows} for rows in SLAB_ROWS if rows < n and rows * k * 2 <= MAX_SLAB_BYTES]
     tiles = [{"BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4}, {"BLOCK_N": 32, "BLOCK_K": 1024, "num_warps": 8}]
-    return [tile | slab for tile in tiles for slab in whole + slabs]
+    return [tile | copy for tile in tiles for copy in copies]

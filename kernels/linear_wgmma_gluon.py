@@ -206,11 +206,12 @@ MAX_TOKENS = 256
 
 
 # ``ASYNC_MMA``: chunk c + 1 decoded while chunk c's wgmma is in flight, its A fragment kept
-# live beside the next one. H200, every config offered at 64-256 tokens, each in both orders
-# (bench/results/h200-probe-wgmma-async.json): pipelined 1-11% faster wherever the accumulator
-# is under 128 fp32 registers a thread (BLOCK_M x ROW_TILES < 256), 10% slower at 128, where
-# the second fragment spills (sm_90, Triton 3.6: 88 bytes of stack against 16). So the order
-# follows from the tile and is not an axis to measure at attach.
+# live beside the next one. H200, both orders of every config offered at 64-256 tokens on the
+# four Llama layers (221c29b, bench/results/h200-probe-wgmma-async.json): pipelined faster in
+# 280 of the 285 configs whose accumulator is under 128 fp32 registers a thread (BLOCK_M x
+# ROW_TILES < 256; median 5%, up to 16%), slower in all 35 at 128 (4-25%), where the second
+# fragment spills (sm_90, Triton 3.6: 88 bytes of stack against 16). So the order follows from
+# the tile and is not an axis to measure at attach.
 ASYNC_MMA_SPILLS = 256
 
 

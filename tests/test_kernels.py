@@ -313,6 +313,8 @@ def test_the_dequant_form_decodes_the_same_numbers_as_the_reference(k, device):
     assert not linear_dequant.configs(linear_dequant.MIN_ROWS - 1, 300, k), "not offered to decode-sized batches"
     spike = linear_dequant.configs(4096, 65536, 4096)
     assert spike and all("SLAB_ROWS" in c for c in spike), "a layer whose whole copy is a memory spike: slabs only"
+    fits = linear_dequant.configs(512, 28672, 4096)
+    assert fits and not any("SLAB_ROWS" in c for c in fits), "slabs lost to the whole copy wherever it fits"
 
 
 @pytest.mark.parametrize("bias", [False, True])
