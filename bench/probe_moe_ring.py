@@ -1,0 +1,96 @@
+"""Would grouping the expert bank by expert and running it on the ring pay at 1-16 tokens?
+
+The bank's decode form (``moe_gemv_gluon``) is one GEMV program per (row block, token-expert
+pair): each pair reads its expert's rows, so an expert that two tokens route to is read twice,
+and the GEMV keeps one step of loads in flight where the dense ring form keeps three. On the
+H200 it ran the Qwen3-30B-A3B bank (E=128, top-8, hidden 2048, inter 768) in 19.5/99.7/188 us
+at T=1/8/16, 26-33% of copy bandwidth on the routed experts' bytes, against targets of 15/55/90.
+
+This measures, same run, each time from HBM (``ops._time_us``):
+
+- ``bank_us``: the bank as the adjudicator serves it, and ``gate_up_us``, the GEMV form's
+  gate_up launch alone (the down launch replaced by nothing);
+- ``ring_gate_up_us`` / ``ring_down_us``: the dense forms the adjudicator picks for the routed
+  experts' weights stacked into one matrix (``[U x 2N, K]`` and ``[U x K, N]``, U the experts
+  routed to) at T tokens: what a grouped bank reads, once an expert, with every token against
+  every routed expert (more MMA columns, the same bytes). A bound on what the grouped ring
+  bank could reach, less its grouping and activation launches.
+
+``python3 bench/probe_moe_ring.py OUT.json`` with flashrt importable (``bench/gpu_run.sh``).
+"""
+
+import functools
+import json
+import sys
+
+import torch
+from flashrt.bench.kernels import _routing, provenance
+from flashrt.bench.timing import copy_bandwidth_tbps
+from flashrt.kernels import moe_gemv_gluon, nvfp4, ops
+from flashrt.kernels.nvfp4 import NVFP4Weight
+
+E, TOP_K, HIDDEN, INTER = 128, 8, 2048, 768
+
+
+def stacked(bank: NVFP4Weight, experts: torch.Tensor) -> NVFP4Weight:
+    """The experts' matrices one under the other, as one dense weight (the first global scale:
+    times do not depend on the values)."""
+    rows = lambda t: t.index_select(0, experts).flatten(0, 1).contiguous()  # noqa: E731
+    return NVFP4Weight(rows(bank.packed), rows(bank.scales), bank.global_scale[:1].clone())
+
+
+class _Skipped:
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+def main(path):
+    torch.manual_seed(0)
+    gu = nvfp4.quantize(torch.randn(E, 2 * INTER, HIDDEN, device="cuda", dtype=torch.bfloat16) * 0.02)
+    dn = nvfp4.quantize(torch.randn(E, HIDDEN, INTER, device="cuda", dtype=torch.bfloat16) * 0.02)
+    per_expert = (gu.nbytes + dn.nbytes) / E
+    copy_tbps = copy_bandwidth_tbps()
+    rows = []
+    for t in (1, 8, 16):
+        x = torch.randn(t, HIDDEN, device="cuda", dtype=torch.bfloat16)
+        ids, weights = _routing(t, E, TOP_K, 0)
+        banks = (gu.packed, gu.scales, gu.global_scale), (dn.packed, dn.scales, dn.global_scale)
+        chosen = ops.choose_moe(x, *banks, ids, weights)
+        bank_us = ops._time_us(functools.partial(ops.moe, x, gu, dn, ids, weights))
+        row = {"T": t, "form": chosen.name, "bank_us": bank_us}
+        if chosen.form == "gemv_gluon":
+            out = torch.empty_like(x)
+            run = functools.partial(moe_gemv_gluon.launch, x, *banks, ids, weights, out, chosen.params, False)
+            kernel, moe_gemv_gluon.moe_down_gemv_kernel = moe_gemv_gluon.moe_down_gemv_kernel, _Skipped()
+            try:
+                row["gate_up_us"] = ops._time_us(run)
+            finally:
+                moe_gemv_gluon.moe_down_gemv_kernel = kernel
+        experts = ids.reshape(-1).unique()
+        h = torch.randn(t, INTER, device="cuda", dtype=torch.bfloat16)
+        for name, bank, act in (("gate_up", gu, x), ("down", dn, h)):
+            w = stacked(bank, experts)
+            ops.linear(act, w)  # adjudicated outside the timing
+            row[f"ring_{name}_us"] = ops._time_us(lambda w=w, act=act: ops.linear(act, w))
+            row[f"ring_{name}_form"] = ops.choose_linear(act, w.packed, w.scales, w.global_scale, None).name
+        row["routed_experts"] = len(experts)
+        row["routed_bytes"] = len(experts) * per_expert
+        grouped = row["ring_gate_up_us"] + row["ring_down_us"]
+        row["bank_bandwidth_frac"] = row["routed_bytes"] / (bank_us * 1e-6) / (copy_tbps * 1e12)
+        row["ring_bandwidth_frac"] = row["routed_bytes"] / (grouped * 1e-6) / (copy_tbps * 1e12)
+        rows.append(row)
+        print(
+            f"T={t:2d} experts {len(experts):3d}: bank {bank_us:6.1f} us"
+            f" (gate_up {row.get('gate_up_us', float('nan')):6.1f})"
+            f"  stacked ring gate_up {row['ring_gate_up_us']:6.1f} + down {row['ring_down_us']:6.1f} = {grouped:6.1f}"
+            f"  bandwidth {row['bank_bandwidth_frac']:.2f} -> {row['ring_bandwidth_frac']:.2f}"
+            f"  ({row['ring_gate_up_form']}; {row['ring_down_form']})",
+            flush=True,
+        )
+    with open(path, "w") as f:
+        shape = {"E": E, "top_k": TOP_K, "hidden": HIDDEN, "inter": INTER}
+        json.dump({**provenance(), "copy_TBps": copy_tbps, "bank": shape, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
