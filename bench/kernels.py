@@ -8,6 +8,7 @@ weights rotated past L2, medians). The table goes to stdout; the JSON with its p
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -60,15 +61,27 @@ def source_digest() -> str:
     return digest.hexdigest()[:16]
 
 
+def source_commit(cwd: str | None = None) -> str:
+    """``FLASHRT_COMMIT``, else git's HEAD, with ``-dirty`` where the tree differs from it. The
+    device's copy of the tree carries the session's first commit as HEAD under the session's
+    latest files: a result measured there without ``FLASHRT_COMMIT`` named a commit whose code
+    had not run (ba64f9a's run recorded 7554cb7), and ``-dirty`` says so in the result itself."""
+    commit = os.environ.get("FLASHRT_COMMIT")
+    if commit:
+        return commit
+    git = functools.partial(subprocess.check_output, text=True, stderr=subprocess.DEVNULL, cwd=cwd)
+    try:
+        head = git(["git", "rev-parse", "HEAD"]).strip()
+        changed = git(["git", "status", "--porcelain"]).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return f"{head}-dirty" if changed else head
+
+
 def provenance() -> dict:
     import triton
 
-    commit = os.environ.get("FLASHRT_COMMIT")
-    if not commit:
-        try:
-            commit = subprocess.check_output(["git", "rev-parse", "HEAD"], text=True, stderr=subprocess.DEVNULL).strip()
-        except (OSError, subprocess.CalledProcessError):
-            commit = "unknown"
+    commit = source_commit()
     props = torch.cuda.get_device_properties(0)
     return {
         "device": props.name,

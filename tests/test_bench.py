@@ -128,3 +128,27 @@ def test_w4a4_emulation_of_the_bank_is_the_w4a4_kernels_arithmetic():
     # quantization about 0.988.
     per_token = torch.nn.functional.cosine_similarity(got, ref, dim=1)
     assert per_token.median() > 0.999
+
+
+def test_a_result_names_the_commit_whose_code_ran(tmp_path, monkeypatch):
+    """A tree whose files differ from its HEAD (the device's copy: the session's first commit as
+    HEAD under its latest files) is recorded as that commit ``-dirty``, not as the commit."""
+    import subprocess
+
+    from flashrt.bench.kernels import source_commit
+
+    monkeypatch.delenv("FLASHRT_COMMIT", raising=False)
+    git = lambda *args: subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True, text=True)  # noqa: E731
+    git("init", "-q")
+    (tmp_path / "kernel.py").write_text("version = 1\n")
+    git("add", "kernel.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    head = git("rev-parse", "HEAD").stdout.strip()
+    assert source_commit(str(tmp_path)) == head
+    (tmp_path / "kernel.py").write_text("version = 2\n")
+    assert source_commit(str(tmp_path)) == f"{head}-dirty"
+    monkeypatch.setenv("FLASHRT_COMMIT", "abc123")
+    assert source_commit(str(tmp_path)) == "abc123", "the commit that was sent wins"
+    assert source_commit(str(tmp_path / "nowhere")) == "abc123"
+    monkeypatch.delenv("FLASHRT_COMMIT")
+    assert source_commit("/") == "unknown"
