@@ -14,7 +14,10 @@ This measures, same run, each time from HBM (``ops._time_us``):
   experts' weights stacked into one matrix (``[U x 2N, K]`` and ``[U x K, N]``, U the experts
   routed to) at T tokens: what a grouped bank reads, once an expert, with every token against
   every routed expert (more MMA columns, the same bytes). A bound on what the grouped ring
-  bank could reach, less its grouping and activation launches.
+  bank could reach, less its grouping and activation launches;
+- ``ring_bank_us``: ``moe_ring_gluon`` (its gate_up on the ring, per pair), the best of its
+  configs, each checked against the reference first. It runs last, after the JSON of the rest
+  is written: a kernel that faults takes only its own figures with it.
 
 ``python3 bench/probe_moe_ring.py OUT.json`` with flashrt importable (``bench/gpu_run.sh``).
 """
@@ -26,7 +29,7 @@ import sys
 import torch
 from flashrt.bench.kernels import _routing, provenance
 from flashrt.bench.timing import copy_bandwidth_tbps
-from flashrt.kernels import moe_gemv_gluon, nvfp4, ops
+from flashrt.kernels import moe_gemv_gluon, moe_ring_gluon, nvfp4, ops
 from flashrt.kernels.nvfp4 import NVFP4Weight
 
 E, TOP_K, HIDDEN, INTER = 128, 8, 2048, 768
@@ -50,11 +53,12 @@ def main(path):
     dn = nvfp4.quantize(torch.randn(E, HIDDEN, INTER, device="cuda", dtype=torch.bfloat16) * 0.02)
     per_expert = (gu.nbytes + dn.nbytes) / E
     copy_tbps = copy_bandwidth_tbps()
-    rows = []
+    banks = (gu.packed, gu.scales, gu.global_scale), (dn.packed, dn.scales, dn.global_scale)
+    rows, inputs = [], {}
     for t in (1, 8, 16):
         x = torch.randn(t, HIDDEN, device="cuda", dtype=torch.bfloat16)
-        ids, weights = _routing(t, E, TOP_K, 0)
-        banks = (gu.packed, gu.scales, gu.global_scale), (dn.packed, dn.scales, dn.global_scale)
+        inputs[t] = x, *_routing(t, E, TOP_K, 0)
+        _, ids, weights = inputs[t]
         chosen = ops.choose_moe(x, *banks, ids, weights)
         bank_us = ops._time_us(functools.partial(ops.moe, x, gu, dn, ids, weights))
         row = {"T": t, "form": chosen.name, "bank_us": bank_us}
@@ -87,9 +91,31 @@ def main(path):
             f"  ({row['ring_gate_up_form']}; {row['ring_down_form']})",
             flush=True,
         )
+    shape = {"E": E, "top_k": TOP_K, "hidden": HIDDEN, "inter": INTER}
+    result = {**provenance(), "copy_TBps": copy_tbps, "bank": shape}
+    write(path, result | {"rows": rows})
+    for row in rows:
+        x, ids, weights = inputs[row["T"]]
+        ref = ops.moe_reference(x, gu, dn, ids, weights)
+        row["ring_bank"] = {}
+        for config in moe_ring_gluon.configs(row["T"], INTER, HIDDEN):
+            out = torch.empty_like(x)
+            run = functools.partial(moe_ring_gluon.launch, x, *banks, ids, weights, out, config, False)
+            run()
+            rel = float((out.double() - ref.double()).norm() / ref.double().norm())
+            name = ",".join(f"{k}={v}" for k, v in config.items())
+            row["ring_bank"][name] = {"rel_err": rel, "us": ops._time_us(run) if rel < 1e-2 else None}
+        timed = {name: c["us"] for name, c in row["ring_bank"].items() if c["us"] is not None}
+        row["ring_bank_us"] = min(timed.values(), default=None)
+        best = min(timed, key=timed.get, default="none")
+        print(f"T={row['T']:2d}: ring bank {row['ring_bank_us'] or float('nan'):6.1f} us ({best})"
+              f" against the bank's {row['bank_us']:6.1f}", flush=True)  # fmt: skip
+        write(path, result | {"rows": rows})
+
+
+def write(path, result):
     with open(path, "w") as f:
-        shape = {"E": E, "top_k": TOP_K, "hidden": HIDDEN, "inter": INTER}
-        json.dump({**provenance(), "copy_TBps": copy_tbps, "bank": shape, "rows": rows}, f, indent=1)
+        json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -2,11 +2,11 @@
 
 Triton compiles to a cubin for a GPU it does not have (``GPUTarget``), with the ptxas it ships,
 so a machine without a GPU proves that nothing offered on sm_90, sm_100, sm_110 or sm_120 fails
-to build. ``builds()`` enumerates (kernel, signature, constexprs). All of them, 343 a target
-and 364 for sm_90 (``Build.targets``: the ``wgmma`` form is sm_90's), take about 34 minutes of
+to build. ``builds()`` enumerates (kernel, signature, constexprs). All of them, 347 a target
+and 368 for sm_90 (``Build.targets``: the ``wgmma`` form is sm_90's), take about 34 minutes of
 one CPU core for the four targets (measured at c866faf with 341; at 6b01d1d, on sm_100, the 64
-builds of ``linear_mma`` were 266 s of 592); CI builds ``pairwise(builds())`` instead, 105 a
-target and 112 for sm_90.
+builds of ``linear_mma`` were 266 s of 592); CI builds ``pairwise(builds())`` instead, 109 a
+target and 116 for sm_90.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from flashrt.kernels import (
     linear_wgmma_gluon,
     moe_fused,
     moe_gemv_gluon,
+    moe_ring_gluon,
     moe_w4a4,
     quantizer,
 )
@@ -156,6 +157,7 @@ _MOE_GATE_UP_GEMV_SIG = {
     "stride_xm": "i32",
     "stride_hm": "i32",
 } | _MOE_GEMV_COMMON
+_MOE_GATE_UP_RING_SIG = _MOE_GATE_UP_GEMV_SIG | {"scales_ptr": "*i32"}  # scale bytes copied as words
 _MOE_DOWN_GEMV_SIG = {
     "h_ptr": "*bf16",
     "words_ptr": "*i32",
@@ -367,6 +369,12 @@ def builds() -> Iterator[Build]:
             yield from unique(
                 Build("moe_down_gemv", fn, _with_constexprs(_MOE_DOWN_GEMV_SIG, consts), consts, warps, 1)
             )
+    for t in _TOKENS:
+        for cfg in moe_ring_gluon.configs(t, 768, 2048):
+            consts = {"WARPS": cfg["WARPS"], "STAGES": cfg["STAGES"]}
+            fn = moe_ring_gluon.moe_gate_up_ring_kernel
+            sig = _with_constexprs(_MOE_GATE_UP_RING_SIG, consts)
+            yield from unique(Build("moe_gate_up_ring", fn, sig, consts, cfg["WARPS"], 1))
     for t in _TOKENS:
         for cfg, even_k in product(moe_w4a4.configs(t, 768, 2048), (True, False)):
             common = {"EVEN_K": even_k, "INTERPRETED": False, "E_POW2": 128, "BLOCK_M": cfg["BLOCK_M"]}

@@ -238,31 +238,13 @@ def _store_tile(
 
 
 @gluon.jit
-def nvfp4_linear_mma_gluon_kernel(
-    # pointers
-    x_ptr,
-    words_ptr,
-    scales_ptr,
-    global_scale_ptr,
-    bias_ptr,
-    out_ptr,
-    # dimensions (K a multiple of BLOCK_K)
-    M,
-    N,
-    K,
-    # strides (x and out in elements, weight rows in int32 words, scale rows in int32 words)
-    stride_xm,
-    stride_om,
-    stride_wn,
-    stride_sn,
-    # meta-parameters
-    HAS_BIAS: gl.constexpr,
-    BLOCK_M: gl.constexpr,
-    ROW_TILES: gl.constexpr,
-    WARPS: gl.constexpr,
-    STAGES: gl.constexpr,
-    SPLIT_K: gl.constexpr,
-):
+def _ring_product(
+    x_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, first, steps,
+    BLOCK_M: gl.constexpr, ROW_TILES: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr,
+):  # fmt: skip
+    """``acc [BLOCK_N, max(BLOCK_M, 8)]``: the program's weight rows (``word_off``/``scale_off``
+    at step 0) times its tokens (``x_off``, ``x_mask``) over ``steps`` steps from ``first``,
+    through the ring. fp32, before the global scale and ``EPILOGUE_FACTOR``."""
     BLOCK_N: gl.constexpr = 16 * ROW_TILES * WARPS
     BLOCK_K: gl.constexpr = 32 * V
     MMA_M: gl.constexpr = mma_tokens(BLOCK_M)
@@ -272,34 +254,17 @@ def nvfp4_linear_mma_gluon_kernel(
     WORDS: gl.constexpr = words_layout(ROW_TILES, WARPS)
     SCALES: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, WORDS))  # [BLOCK_N, 4] int32: a thread's 4 bytes
     ACTS: gl.constexpr = activations_layout(MMA_M, WARPS)
-    # Copies: a row's step is 4V words, 8 threads a row at 16 bytes; an activation row 8V elements.
-    WORDS_COPY: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [WARPS, 1], [1, 0])
-    ACTS_COPY: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
     PLAIN: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
     # 16-byte chunks of a 128-byte activation row XOR-ed with the row: the 8 lanes of a shared
     # memory phase (4 quarters x 2 tokens) read 8 different banks.
     SWIZZLED: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, order=[1, 0])
 
-    pid_n = gl.program_id(0)
-    pid_m = gl.program_id(1)
-    pid_k = gl.program_id(2)
-
-    word_off, scale_off = _weight_offsets(pid_n, N, stride_wn, stride_sn, BLOCK_N, WORDS_COPY, SCALES)
     g4 = gl.arange(0, V // 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, WORDS))))
     byte_shift = gl.expand_dims(gl.expand_dims(g4 * 8, 0), 1)  # group g's byte of a thread's scale word
-    xr = gl.arange(0, 4 * BLOCK_M, layout=gl.SliceLayout(1, ACTS_COPY))
-    xc = gl.arange(0, 8 * V, layout=gl.SliceLayout(0, ACTS_COPY))
-    tokens = pid_m * BLOCK_M + xr // 4
-    x_off = gl.expand_dims(tokens.to(gl.int64) * stride_xm + (xr % 4) * (8 * V), 1) + gl.expand_dims(xc, 0)
-    x_mask = gl.expand_dims(tokens < M, 1)
 
     words_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 4 * V], PLAIN)
     scales_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 4], PLAIN)
     x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, 4 * BLOCK_M, 8 * V], SWIZZLED)
-
-    per_split = gl.cdiv(K // BLOCK_K, SPLIT_K)
-    first = pid_k * per_split
-    steps = gl.minimum(per_split, K // BLOCK_K - first)
     _prime(
         words_ring, scales_ring, x_ring, words_ptr, scales_ptr, x_ptr, first, steps, word_off, scale_off, x_off,
         x_mask, STAGES,
@@ -329,6 +294,80 @@ def nvfp4_linear_mma_gluon_kernel(
         b = gl.convert_layout(gl.reshape(x, (BLOCK_K, MMA_M)), B_OP, assert_trivial=True)
         acc = mma_v2(a, b, acc)
     async_copy.wait_group(0)
+    return acc
+
+
+@gluon.constexpr_function
+def words_copy_layout(warps):
+    """How the ring's weight copies are spread: a row's step is 4V words, 8 threads a row at 16 bytes."""
+    return gl.BlockedLayout([1, 4], [4, 8], [warps, 1], [1, 0])
+
+
+@gluon.constexpr_function
+def acts_copy_layout(warps):
+    """How its activation copies are: a thread's 8 elements of a quarter-row of 8V."""
+    return gl.BlockedLayout([1, 8], [4, 8], [warps, 1], [1, 0])
+
+
+@gluon.jit
+def _activation_offsets(tokens, xr, xc, stride_xm):
+    """Offsets of an activation step at step 0: row ``xr`` of the ring is quarter ``xr % 4`` of
+    token ``tokens[xr]``'s step."""
+    return gl.expand_dims(tokens.to(gl.int64) * stride_xm + (xr % 4) * (8 * V), 1) + gl.expand_dims(xc, 0)
+
+
+@gluon.jit
+def nvfp4_linear_mma_gluon_kernel(
+    # pointers
+    x_ptr,
+    words_ptr,
+    scales_ptr,
+    global_scale_ptr,
+    bias_ptr,
+    out_ptr,
+    # dimensions (K a multiple of BLOCK_K)
+    M,
+    N,
+    K,
+    # strides (x and out in elements, weight rows in int32 words, scale rows in int32 words)
+    stride_xm,
+    stride_om,
+    stride_wn,
+    stride_sn,
+    # meta-parameters
+    HAS_BIAS: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    ROW_TILES: gl.constexpr,
+    WARPS: gl.constexpr,
+    STAGES: gl.constexpr,
+    SPLIT_K: gl.constexpr,
+):
+    BLOCK_N: gl.constexpr = 16 * ROW_TILES * WARPS
+    BLOCK_K: gl.constexpr = 32 * V
+    MMA_M: gl.constexpr = mma_tokens(BLOCK_M)
+    ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
+    SCALES: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, words_layout(ROW_TILES, WARPS)))
+    WORDS_COPY: gl.constexpr = words_copy_layout(WARPS)
+    ACTS_COPY: gl.constexpr = acts_copy_layout(WARPS)
+
+    pid_n = gl.program_id(0)
+    pid_m = gl.program_id(1)
+    pid_k = gl.program_id(2)
+
+    word_off, scale_off = _weight_offsets(pid_n, N, stride_wn, stride_sn, BLOCK_N, WORDS_COPY, SCALES)
+    xr = gl.arange(0, 4 * BLOCK_M, layout=gl.SliceLayout(1, ACTS_COPY))
+    xc = gl.arange(0, 8 * V, layout=gl.SliceLayout(0, ACTS_COPY))
+    tokens = pid_m * BLOCK_M + xr // 4
+    x_off = _activation_offsets(tokens, xr, xc, stride_xm)
+    x_mask = gl.expand_dims(tokens < M, 1)
+
+    per_split = gl.cdiv(K // BLOCK_K, SPLIT_K)
+    first = pid_k * per_split
+    steps = gl.minimum(per_split, K // BLOCK_K - first)
+    acc = _ring_product(
+        x_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, first, steps, BLOCK_M, ROW_TILES, WARPS,
+        STAGES,
+    )  # fmt: skip
 
     offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
     column = gl.arange(0, MMA_M, layout=gl.SliceLayout(0, ACC))

@@ -255,7 +255,6 @@ def launch(
 ) -> torch.Tensor:
     """Two launches; ``gate_up``/``down`` are (packed, scales, global_scale) of the NVFP4 bank."""
     gu_packed, gu_scales, gu_global = gate_up
-    dn_packed, dn_scales, dn_global = down
     if gu_scales is None:
         raise ValueError("gate_up: the GEMV expert form reads NVFP4 banks only, got a bf16 bank")
     t, k = hidden.shape
@@ -264,8 +263,7 @@ def launch(
     top_k = topk_ids.shape[1]
     pairs = t * top_k
     h = torch.empty(pairs, n, dtype=torch.bfloat16, device=hidden.device)
-    gu_words, dn_words = gu_packed.view(torch.int32), dn_packed.view(torch.int32)
-    gu_scales, dn_scales = gu_scales.view(torch.uint8), dn_scales.view(torch.uint8)
+    gu_words, gu_scales = gu_packed.view(torch.int32), gu_scales.view(torch.uint8)
     ids = topk_ids.reshape(-1)
     block_n = config["ROWS"] * config["WARPS_N"]
     step = 32 * config["GROUPS"] * config["WARPS_K"]
@@ -292,12 +290,26 @@ def launch(
         num_warps=warps,
         **layout,
     )
-    moe_down_gemv_kernel[(triton.cdiv(k, block_n), t)](
+    return launch_down(h, down, topk_ids, topk_weights, out, layout)
+
+
+def launch_down(
+    h: torch.Tensor, down: tuple, topk_ids: torch.Tensor, topk_weights: torch.Tensor, out: torch.Tensor, layout: dict
+) -> torch.Tensor:
+    """The down launch: ``out[t] = sum_k weight[t, k] * down_e(k) @ h[t * TOP_K + k]`` for
+    ``h [pairs, N]`` (also ``moe_ring_gluon``'s); ``layout`` the GEMV's ROWS, GROUPS, WARPS_N,
+    WARPS_K."""
+    dn_packed, dn_scales, dn_global = down
+    t, top_k = topk_ids.shape
+    k, n = dn_packed.shape[1], h.shape[1]
+    dn_words, dn_scales = dn_packed.view(torch.int32), dn_scales.view(torch.uint8)
+    step = 32 * layout["GROUPS"] * layout["WARPS_K"]
+    moe_down_gemv_kernel[(triton.cdiv(k, layout["ROWS"] * layout["WARPS_N"]), t)](
         h,
         dn_words,
         dn_scales,
         dn_global,
-        ids,
+        topk_ids.reshape(-1),
         topk_weights.reshape(-1),
         out,
         k,
@@ -310,7 +322,7 @@ def launch(
         dn_scales.stride(0),
         dn_scales.stride(1),
         EVEN_K=(n // 16) % step == 0,
-        num_warps=warps,
+        num_warps=layout["WARPS_N"] * layout["WARPS_K"],
         **layout,
     )
     return out

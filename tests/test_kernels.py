@@ -19,6 +19,7 @@ from flashrt.kernels import (
     linear_wgmma_gluon,
     moe_fused,
     moe_gemv_gluon,
+    moe_ring_gluon,
     moe_w4a4,
     nvfp4,
     ops,
@@ -486,6 +487,73 @@ def test_moe_gemv_form_matches_reference(t, config, device):
     ref = ops.moe_reference(hidden, gu, dn, ids, weights)
     assert not out.isnan().any()
     assert (out.double() - ref.double()).norm() / ref.double().norm() < 1e-2
+
+
+@pytest.mark.skipif(not ON_GPU, reason="Gluon has no interpreter; CI builds these kernels for every target")
+@pytest.mark.parametrize("t", [1, 3, 16])
+@pytest.mark.parametrize("config", moe_ring_gluon.configs(1, 768, 2048)[::3])
+def test_moe_ring_form_matches_reference(t, config, device):
+    """The ring gate_up per pair: N = 48 against 32- and 64-row gate tiles (the last one ragged,
+    its rows past N reading row N - 1), three ring steps of K, the down launch in both layouts."""
+    e, n, k, top_k = 16, 48, 768, 4
+    gu, dn = _bank(e, n, k, device)
+    hidden = torch.randn(t, k, dtype=torch.bfloat16, device=device)
+    ids, weights = _route(t, e, top_k, device)
+    out = torch.full_like(hidden, float("nan"))
+    gate_up = (gu.packed, gu.scales, gu.global_scale)
+    moe_ring_gluon.launch(hidden, gate_up, (dn.packed, dn.scales, dn.global_scale), ids, weights, out, config, False)
+    ref = ops.moe_reference(hidden, gu, dn, ids, weights)
+    assert not out.isnan().any()
+    assert (out.double() - ref.double()).norm() / ref.double().norm() < 1e-2
+
+
+def test_expert_launchers_hand_their_kernels_the_pairs_words_and_one_h(monkeypatch):
+    """What CI can check of the two decode-size expert forms without a GPU: each gate_up launch
+    writes one ``h [pairs, N]`` that the same down launch reads, one program a row block and a
+    pair (gate_up) or a row block and a token (down), weights as the bank's bytes viewed as int32
+    words (the ring's scales too: it copies them as words), strides by expert and row."""
+    calls = []
+
+    class Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: calls.append((self.name, grid, args, kwargs))
+
+    monkeypatch.setattr(moe_gemv_gluon, "moe_gate_up_gemv_kernel", Recorder("gate_up"))
+    monkeypatch.setattr(moe_ring_gluon, "moe_gate_up_ring_kernel", Recorder("gate_up"))
+    monkeypatch.setattr(moe_gemv_gluon, "moe_down_gemv_kernel", Recorder("down"))
+    monkeypatch.setattr(moe_ring_gluon.triton, "cdiv", lambda a, b: -(-a // b))
+    monkeypatch.setattr(moe_gemv_gluon.triton, "cdiv", lambda a, b: -(-a // b))
+    e, n, k, top_k, t = 6, 80, 512, 2, 3
+    gu, dn = _bank(e, n, k, "cpu")
+    hidden = torch.randn(t, k, dtype=torch.bfloat16)
+    ids, weights = _route(t, e, top_k, "cpu")
+    banks = (gu.packed, gu.scales, gu.global_scale), (dn.packed, dn.scales, dn.global_scale)
+    forms = (
+        (moe_gemv_gluon, {"ROWS": 4, "GROUPS": 1, "WARPS_N": 4, "WARPS_K": 1}, 16, 16),
+        (moe_ring_gluon, {"WARPS": 2, "STAGES": 3, "DOWN_ROWS": 2, "DOWN_WARPS_K": 2}, 32, 4),
+    )
+    for mod, config, gate_rows, down_rows in forms:
+        calls.clear()
+        out = torch.zeros_like(hidden)
+        assert mod.launch(hidden, *banks, ids, weights, out, config, False) is out
+        (first, up_grid, up_args, _), (second, down_grid, down_args, down_kwargs) = calls
+        assert (first, second) == ("gate_up", "down")
+        assert up_grid == (-(-n // gate_rows), t * top_k) and down_grid == (-(-k // down_rows), t)
+        h = up_args[5]
+        assert h.shape == (t * top_k, n) and down_args[0] is h, "down reads the h gate_up wrote"
+        words, scales = up_args[1], up_args[2]
+        assert words.dtype == torch.int32 and torch.equal(words.view(torch.uint8), gu.packed)
+        assert torch.equal(scales.view(torch.uint8), gu.scales.view(torch.uint8))
+        assert up_args[6:9] == (n, k, top_k) and up_args[11:] == (*words.stride()[:2], *scales.stride()[:2])
+        assert torch.equal(up_args[4], ids.reshape(-1)) and torch.equal(down_args[4], ids.reshape(-1))
+        assert torch.equal(down_args[1].view(torch.uint8), dn.packed) and down_args[6] is out
+        assert down_args[7:10] == (k, n, top_k)
+        assert down_kwargs["num_warps"] == down_kwargs["WARPS_N"] * down_kwargs["WARPS_K"] == 4
+    with pytest.raises(ValueError, match="bfloat16"):
+        moe_ring_gluon.launch(hidden.half(), *banks, ids, weights, out, forms[1][1], False)
 
 
 @W4A4_HERE

@@ -1,0 +1,176 @@
+"""The NVFP4 expert bank at decode sizes, its gate_up on the ring (Gluon): staged, not offered yet.
+
+``moe_gemv_gluon`` runs each token-expert pair's gate_up as a GEMV that keeps one step of loads
+in flight; on the dense layers the ring form (``linear_mma_gluon``: ``STAGES - 1`` steps of
+``cp.async`` copies ahead, the decode straight into ``mma.sync`` fragments) beat that GEMV from
+about 100 M parameters a call on the H200 (gate_up 24.8 against 28-38 us at one token), and the
+routed gate_up of a Qwen3-30B-A3B bank at 8 tokens is 64 pairs of 3.1 M. So this form is that
+GEMV's gate_up on the ring, per pair:
+
+1. ``gate_up``: one program per (block of N rows, pair). The program's ring rows are its gate
+   rows, then the same up rows (the ring form's two row tiles), so each thread holds the gate
+   and up outputs of the same rows and the SiLU-and-mul needs no data moved; ``h [pairs, N]``.
+2. ``down``: ``moe_gemv_gluon``'s own down launch (per token, its k experts summed in
+   registers: deterministic, no atomics).
+
+Not in ``ops.MOE_FORMS`` until it has run on a GPU: ``bench/probe_moe_ring.py`` times it against
+the GEMV bank and bounds what grouping pairs by expert would add. CI builds it for every target.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from flashrt.kernels import moe_gemv_gluon
+from flashrt.kernels.linear_mma_gluon import (
+    _EPILOGUE_FACTOR,
+    BLOCK_K,
+    V,
+    _activation_offsets,
+    _copyable,
+    _ring_product,
+    acts_copy_layout,
+    aligned_activations,
+    words_copy_layout,
+    words_layout,
+)
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+
+@gluon.jit
+def _gate_up_rows(i, pid_n, N, HALF: gl.constexpr):
+    """Weight row of program row ``i``: gate row ``pid_n * HALF + i`` for the first ``HALF``, the
+    matching up row (``N`` further) for the rest. Rows past N read row N - 1's (never stored)."""
+    row = gl.minimum(pid_n * HALF + i % HALF, N - 1)
+    return (row + (i // HALF) * N).to(gl.int64)
+
+
+@gluon.jit
+def moe_gate_up_ring_kernel(
+    hidden_ptr,
+    words_ptr,
+    scales_ptr,
+    global_scale_ptr,
+    topk_ids_ptr,
+    h_ptr,
+    N,
+    K,
+    TOP_K,
+    stride_xm,
+    stride_hm,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    WARPS: gl.constexpr,
+    STAGES: gl.constexpr,
+):
+    """``h[pair, rows] = silu(gate_e @ x_t) * (up_e @ x_t)``, e and t the pair's expert and token;
+    weight words and scale words (int32) by expert, row."""
+    HALF: gl.constexpr = 16 * WARPS  # a row tile of gate rows, then one of up rows
+    SCALES: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, words_layout(2, WARPS)))
+    WORDS_COPY: gl.constexpr = words_copy_layout(WARPS)
+    ACTS_COPY: gl.constexpr = acts_copy_layout(WARPS)
+
+    pid_n = gl.program_id(0)
+    pair = gl.program_id(1)
+    expert = gl.load(topk_ids_ptr + pair).to(gl.int64)
+
+    wr = gl.arange(0, 2 * HALF, layout=gl.SliceLayout(1, WORDS_COPY))
+    wc = gl.arange(0, 4 * V, layout=gl.SliceLayout(0, WORDS_COPY))
+    word_rows = _gate_up_rows(wr, pid_n, N, HALF) * stride_wn + expert * stride_we
+    word_off = gl.expand_dims(word_rows, 1) + gl.expand_dims(wc, 0)
+    sr = gl.arange(0, 2 * HALF, layout=gl.SliceLayout(1, SCALES))
+    st = gl.arange(0, 4, layout=gl.SliceLayout(0, SCALES))
+    scale_rows = _gate_up_rows(sr, pid_n, N, HALF) * stride_sn + expert * stride_se
+    scale_off = gl.expand_dims(scale_rows, 1) + gl.expand_dims(st, 0)
+    xr = gl.arange(0, 4, layout=gl.SliceLayout(1, ACTS_COPY))
+    xc = gl.arange(0, 8 * V, layout=gl.SliceLayout(0, ACTS_COPY))
+    x_off = _activation_offsets(pair // TOP_K + xr // 4, xr, xc, stride_xm)
+    x_mask = gl.expand_dims(xr < 4, 1)
+
+    acc = _ring_product(
+        hidden_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, 0, K // (32 * V), 1, 2, WARPS, STAGES
+    )  # [2 * HALF, 8]: gate rows, then up rows; the pair's token in column 0
+    gate, up = gl.split(gl.permute(gl.reshape(acc, (2, HALF, 8)), (1, 2, 0)))
+    scale = gl.load(global_scale_ptr + expert) * _EPILOGUE_FACTOR
+    gate = gate * scale
+    h = gate / (1.0 + gl.exp(-gate)) * (up * scale)
+    H: gl.constexpr = gate.type.layout
+    offs_n = pid_n * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, H))
+    column = gl.arange(0, 8, layout=gl.SliceLayout(0, H))
+    mask = gl.expand_dims(offs_n < N, 1) & gl.expand_dims(column < 1, 0)
+    rows = h_ptr + pair.to(gl.int64) * stride_hm + gl.expand_dims(offs_n, 1) + gl.expand_dims(column * 0, 0)
+    gl.store(rows, h.to(h_ptr.dtype.element_ty), mask=mask)
+
+
+def launch(
+    hidden: torch.Tensor,
+    gate_up: tuple,
+    down: tuple,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    out: torch.Tensor,
+    config: dict,
+    use_prmt: bool,
+) -> torch.Tensor:
+    """Two launches: the ring gate_up, then ``moe_gemv_gluon``'s down. bf16 activations, K in
+    whole ring steps (``configs`` offers nothing else)."""
+    gu_packed, gu_scales, gu_global = gate_up
+    if gu_scales is None:
+        raise ValueError("gate_up: the ring expert form reads NVFP4 banks only, got a bf16 bank")
+    if hidden.dtype != torch.bfloat16:
+        raise ValueError(f"hidden must be bfloat16 for the bf16 tensor-core form, got {hidden.dtype}")
+    for name, t in (("gate_up packed", gu_packed), ("gate_up scales", gu_scales)):
+        if not (t.is_contiguous() and _copyable(t.flatten(0, 1))):
+            raise ValueError(f"{name} must be contiguous, on 16 bytes, with rows of whole 16-byte chunks for cp.async")
+    hidden = aligned_activations(hidden)
+    t, k = hidden.shape
+    n = gu_packed.shape[1] // 2
+    top_k = topk_ids.shape[1]
+    pairs = t * top_k
+    h = torch.empty(pairs, n, dtype=torch.bfloat16, device=hidden.device)
+    words, scale_words = gu_packed.view(torch.int32), gu_scales.view(torch.uint8).view(torch.int32)
+    moe_gate_up_ring_kernel[(triton.cdiv(n, 16 * config["WARPS"]), pairs)](
+        hidden,
+        words,
+        scale_words,
+        gu_global,
+        topk_ids.reshape(-1),
+        h,
+        n,
+        k,
+        top_k,
+        hidden.stride(0),
+        h.stride(0),
+        words.stride(0),
+        words.stride(1),
+        scale_words.stride(0),
+        scale_words.stride(1),
+        WARPS=config["WARPS"],
+        STAGES=config["STAGES"],
+        num_warps=config["WARPS"],
+    )
+    down_layout = {"ROWS": config["DOWN_ROWS"], "GROUPS": 1, "WARPS_N": 4 // config["DOWN_WARPS_K"]}
+    return moe_gemv_gluon.launch_down(
+        h, down, topk_ids, topk_weights, out, down_layout | {"WARPS_K": config["DOWN_WARPS_K"]}
+    )
+
+
+def configs(t: int, n: int, k: int) -> list[dict]:
+    """Up to 16 tokens, K in whole ring steps, on a compiled GPU (Gluon has no interpreter). Two
+    or four warps (64 or 128 ring rows: a 768-row expert makes 12-24 programs a pair), three or
+    four stages; the down launch in the two layouts that won ``moe_gemv_gluon``'s on the H200
+    (two rows a thread and K split in two at one token, four rows otherwise:
+    ``bench/results/h200-kernels-moe-prefetch2.json``)."""
+    from flashrt.kernels.decode import interpreted
+
+    if t > 16 or interpreted() or k % BLOCK_K or n % 16:
+        return []
+    return [
+        {"WARPS": warps, "STAGES": stages, "DOWN_ROWS": rows, "DOWN_WARPS_K": warps_k}
+        for warps in (2, 4)
+        for stages in (3, 4)
+        for rows, warps_k in ((2, 2), (4, 1))
+    ]
