@@ -159,9 +159,9 @@ def launch(
 
 
 def configs(t: int, n: int, k: int) -> list[dict]:
-    """Up to 16 tokens, K in whole ring steps, on a compiled GPU (Gluon has no interpreter). Two
-    or four warps (64 or 128 ring rows: a 768-row expert makes 12-24 programs a pair), three or
-    four stages; the down launch in the two layouts that won ``moe_gemv_gluon``'s on the H200
+    """Up to 16 tokens, K in whole ring steps, on a compiled GPU (Gluon has no interpreter). One,
+    two or four warps (32-128 ring rows: a 768-row expert makes 12-48 programs a pair, and one
+    token's eight pairs 96-384 programs for 132 SMs), three or four stages; the down launch in the two layouts that won ``moe_gemv_gluon``'s on the H200
     (two rows a thread and K split in two at one token, four rows otherwise:
     ``bench/results/h200-kernels-moe-prefetch2.json``)."""
     from flashrt.kernels.decode import interpreted
@@ -170,7 +170,7 @@ def configs(t: int, n: int, k: int) -> list[dict]:
         return []
     return [
         {"WARPS": warps, "STAGES": stages, "DOWN_ROWS": rows, "DOWN_WARPS_K": warps_k}
-        for warps in (2, 4)
+        for warps in (1, 2, 4)
         for stages in (3, 4)
         for rows, warps_k in ((2, 2), (4, 1))
     ]
