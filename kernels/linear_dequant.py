@@ -16,7 +16,7 @@ the bf16 speed and at 2048 at 0.91x (geometric means, cffd015).
 In slabs (``SLAB_ROWS``), a slab of rows is decoded into one reused buffer and multiplied into
 its columns of the output before the next, so a layer too large to decode whole (an LM head)
 still gets this form. Slabs are not a way to keep the copy in L2: on the H200, where both were
-offered, slabs of 4096 rows ran 1-11% slower than the whole copy and of 2048 rows 4-35% slower
+offered, slabs of 4096 rows ran 1-13% slower than the whole copy and of 2048 rows 2-40% slower
 (qkv and gate_up at 512 and 2048 tokens, 7554cb7, ``bench/results/h200-kernels-slabs.json``):
 the narrower GEMMs lose more than the L2 saves. So they are offered only where the whole copy is not.
 """
