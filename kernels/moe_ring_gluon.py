@@ -2,10 +2,11 @@
 
 ``moe_gemv_gluon`` runs each token-expert pair's gate_up as a GEMV that keeps one step of loads
 in flight; on the dense layers the ring form (``linear_mma_gluon``: ``STAGES - 1`` steps of
-``cp.async`` copies ahead, the decode straight into ``mma.sync`` fragments) beat that GEMV from
-about 100 M parameters a call on the H200 (gate_up 24.8 against 28-38 us at one token), and the
-routed gate_up of a Qwen3-30B-A3B bank at 8 tokens is 64 pairs of 3.1 M. So this form is that
-GEMV's gate_up on the ring, per pair:
+``cp.async`` copies ahead, the decode straight into ``mma.sync`` fragments) won over the GEMV
+at one token on the H200 from the 59 M-parameter down projection up, and lost on the 25 M qkv
+(bench/results/h200-kernels-readflush.json). The routed gate_up of a Qwen3-30B-A3B bank is 8
+pairs of 3.1 M parameters at one token and 64 at eight. So this form is that GEMV's gate_up on
+the ring, per pair:
 
 1. ``gate_up``: one program per (block of N rows, pair). The program's ring rows are its gate
    rows, then the same up rows (the ring form's two row tiles), so each thread holds the gate
