@@ -15,8 +15,9 @@ This measures, same run, each time from HBM (``ops._time_us``):
   routed to) at T tokens: what a grouped bank reads, once an expert, with every token against
   every routed expert (more MMA columns, the same bytes). A bound on what the grouped ring
   bank could reach, less its grouping and activation launches;
-- ``ring_bank_us``: ``moe_ring_gluon`` (its gate_up on the ring, per pair), the best of its
-  configs, each checked against the reference first. It runs last, after the JSON of the rest
+- ``ring_bank_per_pair_us`` / ``ring_bank_grouped_us``: ``moe_ring_gluon`` (its gate_up on the
+  ring, per pair or grouped by expert), the best of its configs each way, each config checked
+  against the reference first. It runs last, after the JSON of the rest
   is written: a kernel that faults takes only its own figures with it.
 
 ``python3 bench/probe_moe_ring.py OUT.json`` with flashrt importable (``bench/gpu_run.sh``).
@@ -105,11 +106,16 @@ def main(path):
             rel = float((out.double() - ref.double()).norm() / ref.double().norm())
             name = ",".join(f"{k}={v}" for k, v in config.items())
             row["ring_bank"][name] = {"rel_err": rel, "us": ops._time_us(run) if rel < 1e-2 else None}
-        timed = {name: c["us"] for name, c in row["ring_bank"].items() if c["us"] is not None}
-        row["ring_bank_us"] = min(timed.values(), default=None)
-        best = min(timed, key=timed.get, default="none")
-        print(f"T={row['T']:2d}: ring bank {row['ring_bank_us'] or float('nan'):6.1f} us ({best})"
-              f" against the bank's {row['bank_us']:6.1f}", flush=True)  # fmt: skip
+        for grouped, way in ((0, "per_pair"), (1, "grouped")):
+            timed = {
+                name: c["us"]
+                for name, c in row["ring_bank"].items()
+                if c["us"] is not None and name.startswith(f"GROUPED={grouped},")
+            }
+            row[f"ring_bank_{way}_us"] = min(timed.values(), default=None)
+            best = min(timed, key=timed.get, default="none")
+            print(f"T={row['T']:2d}: ring bank, {way:8s} {row[f'ring_bank_{way}_us'] or float('nan'):6.1f} us"
+                  f" against the bank's {row['bank_us']:6.1f} ({best})", flush=True)  # fmt: skip
         write(path, result | {"rows": rows})
 
 

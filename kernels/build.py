@@ -2,8 +2,8 @@
 
 Triton compiles to a cubin for a GPU it does not have (``GPUTarget``), with the ptxas it ships,
 so a machine without a GPU proves that nothing offered on sm_90, sm_100, sm_110 or sm_120 fails
-to build. ``builds()`` enumerates (kernel, signature, constexprs). All of them, 349 a target
-and 370 for sm_90 (``Build.targets``: the ``wgmma`` form is sm_90's), take about 34 minutes of
+to build. ``builds()`` enumerates (kernel, signature, constexprs). All of them, 355 a target
+and 376 for sm_90 (``Build.targets``: the ``wgmma`` form is sm_90's), take about 34 minutes of
 one CPU core for the four targets (measured at c866faf with 341; at 6b01d1d, on sm_100, the 64
 builds of ``linear_mma`` were 266 s of 592); CI builds ``pairwise(builds())`` instead, 111 a
 target and 118 for sm_90.
@@ -157,7 +157,23 @@ _MOE_GATE_UP_GEMV_SIG = {
     "stride_xm": "i32",
     "stride_hm": "i32",
 } | _MOE_GEMV_COMMON
-_MOE_GATE_UP_RING_SIG = _MOE_GATE_UP_GEMV_SIG | {"scales_ptr": "*i32"}  # scale bytes copied as words
+_MOE_GATE_UP_RING_SIG = {
+    "hidden_ptr": "*bf16",
+    "words_ptr": "*i32",
+    "scales_ptr": "*i32",  # scale bytes copied as words
+    "global_scale_ptr": "*fp32",
+    "topk_ids_ptr": "*i64",
+    "sorted_pairs_ptr": "*i32",
+    "expert_offsets_ptr": "*i32",
+    "expert_counts_ptr": "*i32",
+    "h_ptr": "*bf16",
+    "N": "i32",
+    "K": "i32",
+    "E": "i32",
+    "TOP_K": "i32",
+    "stride_xm": "i32",
+    "stride_hm": "i32",
+} | _MOE_GEMV_COMMON
 _MOE_DOWN_GEMV_SIG = {
     "h_ptr": "*bf16",
     "words_ptr": "*i32",
@@ -371,7 +387,8 @@ def builds() -> Iterator[Build]:
             )
     for t in _TOKENS:
         for cfg in moe_ring_gluon.configs(t, 768, 2048):
-            consts = {"WARPS": cfg["WARPS"], "STAGES": cfg["STAGES"]}
+            block_m = moe_ring_gluon.GROUP_TILE if cfg["GROUPED"] else 1
+            consts = {"BLOCK_M": block_m, "E_POW2": 128, "WARPS": cfg["WARPS"], "STAGES": cfg["STAGES"]}
             fn = moe_ring_gluon.moe_gate_up_ring_kernel
             sig = _with_constexprs(_MOE_GATE_UP_RING_SIG, consts)
             yield from unique(Build("moe_gate_up_ring", fn, sig, consts, cfg["WARPS"], 1))

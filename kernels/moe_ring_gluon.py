@@ -6,23 +6,27 @@ in flight; on the dense layers the ring form (``linear_mma_gluon``: ``STAGES - 1
 at one token on the H200 from the 59 M-parameter down projection up, and lost on the 25 M qkv
 (bench/results/h200-kernels-readflush.json). The routed gate_up of a Qwen3-30B-A3B bank is 8
 pairs of 3.1 M parameters at one token and 64 at eight. So this form is that GEMV's gate_up on
-the ring, per pair:
+the ring, per pair or grouped by expert:
 
-1. ``gate_up``: one program per (block of N rows, pair). The program's ring rows are its gate
-   rows, then the same up rows (the ring form's two row tiles), so each thread holds the gate
-   and up outputs of the same rows and the SiLU-and-mul needs no data moved; ``h [pairs, N]``.
-2. ``down``: ``moe_gemv_gluon``'s own down launch (per token, its k experts summed in
+1. grouped only: ``moe_fused``'s ``group`` launch, the pairs sorted by expert in runs of 8 rows
+   (an expert that two tokens route to is then read once, not twice: at 16 tokens the Qwen3
+   bank's 128 pairs route to about 82 experts);
+2. ``gate_up``: one program per (block of N rows, pair or 8-row tile). The program's ring rows
+   are its gate rows, then the same up rows (the ring form's two row tiles), so each thread
+   holds the gate and up outputs of the same rows and the SiLU-and-mul needs no data moved;
+   ``h [pairs, N]`` in pair order either way;
+3. ``down``: ``moe_gemv_gluon``'s own down launch (per token, its k experts summed in
    registers: deterministic, no atomics).
 
-Not in ``ops.MOE_FORMS`` until it has run on a GPU: ``bench/probe_moe_ring.py`` times it against
-the GEMV bank and bounds what grouping pairs by expert would add. CI builds it for every target.
+Not in ``ops.MOE_FORMS`` until it has run on a GPU: ``bench/probe_moe_ring.py`` times both ways
+against the GEMV bank and bounds what a grouped bank could reach. CI builds it for every target.
 """
 
 from __future__ import annotations
 
 import torch
 import triton
-from flashrt.kernels import moe_gemv_gluon
+from flashrt.kernels import moe_fused, moe_gemv_gluon
 from flashrt.kernels.linear_mma_gluon import (
     _EPILOGUE_FACTOR,
     BLOCK_K,
@@ -32,6 +36,7 @@ from flashrt.kernels.linear_mma_gluon import (
     _ring_product,
     acts_copy_layout,
     aligned_activations,
+    mma_tokens,
     words_copy_layout,
     words_layout,
 )
@@ -54,9 +59,13 @@ def moe_gate_up_ring_kernel(
     scales_ptr,
     global_scale_ptr,
     topk_ids_ptr,
+    sorted_pairs_ptr,
+    expert_offsets_ptr,
+    expert_counts_ptr,
     h_ptr,
     N,
     K,
+    E,
     TOP_K,
     stride_xm,
     stride_hm,
@@ -64,19 +73,43 @@ def moe_gate_up_ring_kernel(
     stride_wn,
     stride_se,
     stride_sn,
+    BLOCK_M: gl.constexpr,
+    E_POW2: gl.constexpr,
     WARPS: gl.constexpr,
     STAGES: gl.constexpr,
 ):
     """``h[pair, rows] = silu(gate_e @ x_t) * (up_e @ x_t)``, e and t the pair's expert and token;
-    weight words and scale words (int32) by expert, row."""
+    weight words and scale words (int32) by expert, row. ``BLOCK_M == 1``: one program a pair
+    (``topk_ids``). Else grouped: one program a ``BLOCK_M``-row tile of ``moe_fused.group_pairs``'
+    layout, the pairs of one expert, which it reads once for all of them; past the last run a
+    program has no steps and stores nothing."""
     HALF: gl.constexpr = 16 * WARPS  # a row tile of gate rows, then one of up rows
+    BLOCK_K: gl.constexpr = 32 * V
+    MMA_M: gl.constexpr = mma_tokens(BLOCK_M)
     SCALES: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, words_layout(2, WARPS)))
     WORDS_COPY: gl.constexpr = words_copy_layout(WARPS)
     ACTS_COPY: gl.constexpr = acts_copy_layout(WARPS)
 
     pid_n = gl.program_id(0)
-    pair = gl.program_id(1)
-    expert = gl.load(topk_ids_ptr + pair).to(gl.int64)
+    pid_m = gl.program_id(1)
+    xr = gl.arange(0, 4 * BLOCK_M, layout=gl.SliceLayout(1, ACTS_COPY))
+    xc = gl.arange(0, 8 * V, layout=gl.SliceLayout(0, ACTS_COPY))
+    if BLOCK_M == 1:
+        expert = gl.load(topk_ids_ptr + pid_m).to(gl.int64)
+        x_tokens = pid_m // TOP_K + xr // 4
+        x_valid = xr < 4
+        steps = K // BLOCK_K
+    else:
+        row_start = pid_m * BLOCK_M
+        offs_e = gl.arange(0, E_POW2, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
+        ends = gl.load(expert_offsets_ptr + 1 + offs_e, mask=offs_e < E, other=2**30)
+        e = gl.sum((ends <= row_start).to(gl.int32), axis=0)  # E past the last run
+        expert = gl.minimum(e, E - 1).to(gl.int64)
+        valid_end = gl.load(expert_offsets_ptr + expert) + gl.load(expert_counts_ptr + expert)
+        x_rows = row_start + xr // 4
+        x_valid = x_rows < valid_end
+        x_tokens = gl.load(sorted_pairs_ptr + x_rows, mask=x_valid, other=0) // TOP_K
+        steps = (K // BLOCK_K) * (e < E).to(gl.int32)
 
     wr = gl.arange(0, 2 * HALF, layout=gl.SliceLayout(1, WORDS_COPY))
     wc = gl.arange(0, 4 * V, layout=gl.SliceLayout(0, WORDS_COPY))
@@ -86,24 +119,34 @@ def moe_gate_up_ring_kernel(
     st = gl.arange(0, 4, layout=gl.SliceLayout(0, SCALES))
     scale_rows = _gate_up_rows(sr, pid_n, N, HALF) * stride_sn + expert * stride_se
     scale_off = gl.expand_dims(scale_rows, 1) + gl.expand_dims(st, 0)
-    xr = gl.arange(0, 4, layout=gl.SliceLayout(1, ACTS_COPY))
-    xc = gl.arange(0, 8 * V, layout=gl.SliceLayout(0, ACTS_COPY))
-    x_off = _activation_offsets(pair // TOP_K + xr // 4, xr, xc, stride_xm)
-    x_mask = gl.expand_dims(xr < 4, 1)
+    x_off = _activation_offsets(x_tokens, xr, xc, stride_xm)
+    x_mask = gl.expand_dims(x_valid, 1)
 
     acc = _ring_product(
-        hidden_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, 0, K // (32 * V), 1, 2, WARPS, STAGES
-    )  # [2 * HALF, 8]: gate rows, then up rows; the pair's token in column 0
-    gate, up = gl.split(gl.permute(gl.reshape(acc, (2, HALF, 8)), (1, 2, 0)))
+        hidden_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, 0, steps, BLOCK_M, 2, WARPS, STAGES
+    )  # [2 * HALF, MMA_M]: gate rows, then up rows; a column a pair
+    gate, up = gl.split(gl.permute(gl.reshape(acc, (2, HALF, MMA_M)), (1, 2, 0)))
     scale = gl.load(global_scale_ptr + expert) * _EPILOGUE_FACTOR
     gate = gate * scale
     h = gate / (1.0 + gl.exp(-gate)) * (up * scale)
     H: gl.constexpr = gate.type.layout
     offs_n = pid_n * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, H))
-    column = gl.arange(0, 8, layout=gl.SliceLayout(0, H))
-    mask = gl.expand_dims(offs_n < N, 1) & gl.expand_dims(column < 1, 0)
-    rows = h_ptr + pair.to(gl.int64) * stride_hm + gl.expand_dims(offs_n, 1) + gl.expand_dims(column * 0, 0)
-    gl.store(rows, h.to(h_ptr.dtype.element_ty), mask=mask)
+    column = gl.arange(0, MMA_M, layout=gl.SliceLayout(0, H))
+    if BLOCK_M == 1:
+        pairs = pid_m + column * 0
+        column_valid = column < 1
+    else:
+        rows = row_start + column
+        column_valid = (column < BLOCK_M) & (rows < valid_end)
+        pairs = gl.load(sorted_pairs_ptr + rows, mask=column_valid, other=0)
+    mask = gl.expand_dims(offs_n < N, 1) & gl.expand_dims(column_valid, 0)
+    out = h_ptr + gl.expand_dims(pairs.to(gl.int64) * stride_hm, 0) + gl.expand_dims(offs_n, 1)
+    gl.store(out, h.to(h_ptr.dtype.element_ty), mask=mask)
+
+
+# A grouped tile is the MMA's 8 columns: fewer tokens would compute 8 anyway, and at up to 16
+# tokens (128 pairs over 128 experts) one tile holds every pair of an expert but the rarest.
+GROUP_TILE = 8
 
 
 def launch(
@@ -116,8 +159,9 @@ def launch(
     config: dict,
     use_prmt: bool,
 ) -> torch.Tensor:
-    """Two launches: the ring gate_up, then ``moe_gemv_gluon``'s down. bf16 activations, K in
-    whole ring steps (``configs`` offers nothing else)."""
+    """Two launches, the ring gate_up and ``moe_gemv_gluon``'s down; grouped, three (the
+    ``moe_fused`` grouping first). bf16 activations, K in whole ring steps (``configs`` offers
+    nothing else)."""
     gu_packed, gu_scales, gu_global = gate_up
     if gu_scales is None:
         raise ValueError("gate_up: the ring expert form reads NVFP4 banks only, got a bf16 bank")
@@ -131,17 +175,26 @@ def launch(
     n = gu_packed.shape[1] // 2
     top_k = topk_ids.shape[1]
     pairs = t * top_k
+    experts = gu_packed.shape[0]
     h = torch.empty(pairs, n, dtype=torch.bfloat16, device=hidden.device)
     words, scale_words = gu_packed.view(torch.int32), gu_scales.view(torch.uint8).view(torch.int32)
-    moe_gate_up_ring_kernel[(triton.cdiv(n, 16 * config["WARPS"]), pairs)](
+    ids = topk_ids.reshape(-1)
+    if config["GROUPED"]:
+        g = moe_fused.group_pairs(topk_ids, experts, GROUP_TILE)
+        grouping, block_m, tiles = (g.sorted_pairs, g.expert_offsets, g.expert_counts), GROUP_TILE, g.rows // GROUP_TILE
+    else:
+        grouping, block_m, tiles = (ids, ids, ids), 1, pairs  # unread
+    moe_gate_up_ring_kernel[(triton.cdiv(n, 16 * config["WARPS"]), tiles)](
         hidden,
         words,
         scale_words,
         gu_global,
-        topk_ids.reshape(-1),
+        ids,
+        *grouping,
         h,
         n,
         k,
+        experts,
         top_k,
         hidden.stride(0),
         h.stride(0),
@@ -149,6 +202,8 @@ def launch(
         words.stride(1),
         scale_words.stride(0),
         scale_words.stride(1),
+        BLOCK_M=block_m,
+        E_POW2=triton.next_power_of_2(experts),
         WARPS=config["WARPS"],
         STAGES=config["STAGES"],
         num_warps=config["WARPS"],
@@ -160,9 +215,10 @@ def launch(
 
 
 def configs(t: int, n: int, k: int) -> list[dict]:
-    """Up to 16 tokens, K in whole ring steps, on a compiled GPU (Gluon has no interpreter). One,
-    two or four warps (32-128 ring rows: a 768-row expert makes 12-48 programs a pair, and one
-    token's eight pairs 96-384 programs for 132 SMs), three or four stages; the down launch in the two layouts that won ``moe_gemv_gluon``'s on the H200
+    """Up to 16 tokens, K in whole ring steps, on a compiled GPU (Gluon has no interpreter). Per
+    pair or grouped by expert; one, two or four warps (32-128 ring rows: a 768-row expert makes
+    12-48 programs a pair, and one token's eight pairs 96-384 programs for 132 SMs); three or
+    four stages; the down launch in the two layouts that won ``moe_gemv_gluon``'s on the H200
     (two rows a thread and K split in two at one token, four rows otherwise:
     ``bench/results/h200-kernels-moe-prefetch2.json``)."""
     from flashrt.kernels.decode import interpreted
@@ -170,7 +226,8 @@ def configs(t: int, n: int, k: int) -> list[dict]:
     if t > 16 or interpreted() or k % BLOCK_K or n % 16:
         return []
     return [
-        {"WARPS": warps, "STAGES": stages, "DOWN_ROWS": rows, "DOWN_WARPS_K": warps_k}
+        {"GROUPED": grouped, "WARPS": warps, "STAGES": stages, "DOWN_ROWS": rows, "DOWN_WARPS_K": warps_k}
+        for grouped in (0, 1)
         for warps in (1, 2, 4)
         for stages in (3, 4)
         for rows, warps_k in ((2, 2), (4, 1))

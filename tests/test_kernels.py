@@ -483,7 +483,8 @@ DECODE_EXPERT_CASES += [(moe_ring_gluon, c) for c in moe_ring_gluon.configs(1, 7
 @pytest.mark.parametrize(("form", "config"), DECODE_EXPERT_CASES)
 def test_decode_expert_forms_match_reference(t, form, config, device):
     """N = 48: ragged against every GEMV step of K (32 groups and up) and against the ring's 16-
-    to 64-row gate tiles (its rows past N read row N - 1); K = 768, three ring steps."""
+    to 64-row gate tiles (its rows past N read row N - 1); K = 768, three ring steps; grouped, at
+    16 tokens 64 pairs over 16 experts, so runs span tiles and tiles hold padding."""
     e, n, k, top_k = 16, 48, 768, 4
     gu, dn = _bank(e, n, k, device)
     hidden = torch.randn(t, k, dtype=torch.bfloat16, device=device)
@@ -497,10 +498,11 @@ def test_decode_expert_forms_match_reference(t, form, config, device):
 
 
 def test_expert_launchers_hand_their_kernels_the_pairs_words_and_one_h(monkeypatch):
-    """What CI can check of the two decode-size expert forms without a GPU: each gate_up launch
+    """What CI can check of the decode-size expert forms without a GPU: each gate_up launch
     writes one ``h [pairs, N]`` that the same down launch reads, one program a row block and a
-    pair (gate_up) or a row block and a token (down), weights as the bank's bytes viewed as int32
-    words (the ring's scales too: it copies them as words), strides by expert and row."""
+    pair or a grouped tile (gate_up) or a row block and a token (down), weights as the bank's
+    bytes viewed as int32 words (the ring's scales too: it copies them as words), strides by
+    expert and row; grouped, each expert's run holds exactly the pairs routed to it."""
     calls = []
 
     class Recorder:
@@ -513,34 +515,40 @@ def test_expert_launchers_hand_their_kernels_the_pairs_words_and_one_h(monkeypat
     monkeypatch.setattr(moe_gemv_gluon, "moe_gate_up_gemv_kernel", Recorder("gate_up"))
     monkeypatch.setattr(moe_ring_gluon, "moe_gate_up_ring_kernel", Recorder("gate_up"))
     monkeypatch.setattr(moe_gemv_gluon, "moe_down_gemv_kernel", Recorder("down"))
-    monkeypatch.setattr(moe_ring_gluon.triton, "cdiv", lambda a, b: -(-a // b))
-    monkeypatch.setattr(moe_gemv_gluon.triton, "cdiv", lambda a, b: -(-a // b))
     e, n, k, top_k, t = 6, 80, 512, 2, 3
     gu, dn = _bank(e, n, k, "cpu")
     hidden = torch.randn(t, k, dtype=torch.bfloat16)
     ids, weights = _route(t, e, top_k, "cpu")
     banks = (gu.packed, gu.scales, gu.global_scale), (dn.packed, dn.scales, dn.global_scale)
-    forms = (
-        (moe_gemv_gluon, {"ROWS": 4, "GROUPS": 1, "WARPS_N": 4, "WARPS_K": 1}, 16, 16),
-        (moe_ring_gluon, {"WARPS": 2, "STAGES": 3, "DOWN_ROWS": 2, "DOWN_WARPS_K": 2}, 32, 4),
+    ring = {"WARPS": 2, "STAGES": 3, "DOWN_ROWS": 2, "DOWN_WARPS_K": 2}
+    tiles = moe_fused.max_rows(t * top_k, e, moe_ring_gluon.GROUP_TILE) // moe_ring_gluon.GROUP_TILE
+    forms = (  # the form, its config, gate rows and down rows a program, programs along the pairs, where h is
+        (moe_gemv_gluon, {"ROWS": 4, "GROUPS": 1, "WARPS_N": 4, "WARPS_K": 1}, 16, 16, t * top_k, 5),
+        (moe_ring_gluon, ring | {"GROUPED": 0}, 32, 4, t * top_k, 8),
+        (moe_ring_gluon, ring | {"GROUPED": 1}, 32, 4, tiles, 8),
     )
-    for mod, config, gate_rows, down_rows in forms:
+    for mod, config, gate_rows, down_rows, programs, at in forms:
         calls.clear()
         out = torch.zeros_like(hidden)
         assert mod.launch(hidden, *banks, ids, weights, out, config, False) is out
         (first, up_grid, up_args, _), (second, down_grid, down_args, down_kwargs) = calls
         assert (first, second) == ("gate_up", "down")
-        assert up_grid == (-(-n // gate_rows), t * top_k) and down_grid == (-(-k // down_rows), t)
-        h = up_args[5]
+        assert up_grid == (-(-n // gate_rows), programs) and down_grid == (-(-k // down_rows), t)
+        h, words, scales = up_args[at], up_args[1], up_args[2]
         assert h.shape == (t * top_k, n) and down_args[0] is h, "down reads the h gate_up wrote"
-        words, scales = up_args[1], up_args[2]
         assert words.dtype == torch.int32 and torch.equal(words.view(torch.uint8), gu.packed)
         assert torch.equal(scales.view(torch.uint8), gu.scales.view(torch.uint8))
-        assert up_args[6:9] == (n, k, top_k) and up_args[11:] == (*words.stride()[:2], *scales.stride()[:2])
+        assert up_args[-4:] == (*words.stride()[:2], *scales.stride()[:2])
         assert torch.equal(up_args[4], ids.reshape(-1)) and torch.equal(down_args[4], ids.reshape(-1))
+        assert up_args[at + 1 : at + 3] == (n, k) and up_args[at + 3 + (mod is moe_ring_gluon)] == top_k
         assert torch.equal(down_args[1].view(torch.uint8), dn.packed) and down_args[6] is out
         assert down_args[7:10] == (k, n, top_k)
         assert down_kwargs["num_warps"] == down_kwargs["WARPS_N"] * down_kwargs["WARPS_K"] == 4
+        if config.get("GROUPED"):
+            sorted_pairs, offsets, counts = up_args[5:8]
+            for expert in range(e):
+                run = sorted_pairs[offsets[expert] : offsets[expert] + counts[expert]]
+                assert sorted(run.tolist()) == (ids.reshape(-1) == expert).nonzero().flatten().tolist()
     with pytest.raises(ValueError, match="bfloat16"):
         moe_ring_gluon.launch(hidden.half(), *banks, ids, weights, out, forms[1][1], False)
 
