@@ -208,10 +208,9 @@ def launch(
         STAGES=config["STAGES"],
         num_warps=config["WARPS"],
     )
-    down_layout = {"ROWS": config["DOWN_ROWS"], "GROUPS": 1, "WARPS_N": 4 // config["DOWN_WARPS_K"]}
-    return moe_gemv_gluon.launch_down(
-        h, down, topk_ids, topk_weights, out, down_layout | {"WARPS_K": config["DOWN_WARPS_K"]}
-    )
+    warps_k = config["DOWN_WARPS_K"]
+    down_layout = {"ROWS": config["DOWN_ROWS"], "GROUPS": 1, "WARPS_N": 4 // warps_k, "WARPS_K": warps_k}
+    return moe_gemv_gluon.launch_down(h, down, topk_ids, topk_weights, out, down_layout)
 
 
 def configs(t: int, n: int, k: int) -> list[dict]:

@@ -54,7 +54,16 @@ RESTRICTED_SECURITY_CONTEXT = {
     "runAsUser": 65532,
     "seccompProfile": {"type": "RuntimeDefault"},
 }
-VOLUMES = (BUNDLE_VOLUME, METRICS_VOLUME, CACHE_VOLUME)  # what inject adds to a pod, by name
+# What inject adds to a pod: each volume, and where the vLLM container mounts it.
+POD_VOLUMES = (
+    (
+        {"name": BUNDLE_VOLUME, "emptyDir": {"sizeLimit": BUNDLE_SIZE_LIMIT}},
+        {"mountPath": BUNDLE_MOUNT, "readOnly": True},
+    ),
+    ({"name": METRICS_VOLUME, "emptyDir": {"sizeLimit": METRICS_SIZE_LIMIT}}, {"mountPath": METRICS_MOUNT}),
+    ({"name": CACHE_VOLUME, "emptyDir": {}}, {"mountPath": CACHE_MOUNT}),
+)
+VOLUMES = tuple(volume["name"] for volume, _ in POD_VOLUMES)
 INIT_RESOURCES = {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"cpu": "200m", "memory": "128Mi"}}
 
 
@@ -242,17 +251,8 @@ def inject(pod: Mapping, profile: Profile, settings: Settings | None = None) -> 
             env.append({"name": name, "value": value})
             record["env"].append(name)
 
-    mounts = target.setdefault("volumeMounts", [])
-    mounts.append({"name": BUNDLE_VOLUME, "mountPath": BUNDLE_MOUNT, "readOnly": True})
-    mounts.append({"name": METRICS_VOLUME, "mountPath": METRICS_MOUNT})
-    mounts.append({"name": CACHE_VOLUME, "mountPath": CACHE_MOUNT})
-    spec.setdefault("volumes", []).extend(
-        [
-            {"name": BUNDLE_VOLUME, "emptyDir": {"sizeLimit": BUNDLE_SIZE_LIMIT}},
-            {"name": METRICS_VOLUME, "emptyDir": {"sizeLimit": METRICS_SIZE_LIMIT}},
-            {"name": CACHE_VOLUME, "emptyDir": {}},
-        ]
-    )
+    target.setdefault("volumeMounts", []).extend({"name": v["name"], **mount} for v, mount in POD_VOLUMES)
+    spec.setdefault("volumes", []).extend(_json_copy(v) for v, _ in POD_VOLUMES)
     security = _json_copy(target.get("securityContext") or RESTRICTED_SECURITY_CONTEXT)
     spec.setdefault("initContainers", []).append(
         {

@@ -237,6 +237,17 @@ def test_wgmma_gluon_tiles_and_splits_cover_every_token_and_step(
     assert (out.double() - ref.double()).norm() / ref.double().norm() < 1e-2
 
 
+class _Recorder:
+    """A Gluon kernel's stand-in where none can run: each launch goes to ``calls`` as
+    ``(name, grid, args, kwargs)``."""
+
+    def __init__(self, calls: list, name: str = ""):
+        self.calls, self.name = calls, name
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.calls.append((self.name, grid, args, kwargs))
+
+
 def test_ring_launchers_hand_their_kernels_words_tiles_and_splits(monkeypatch):
     """What CI can check of the two ring forms without a GPU: what their launcher hands the
     kernel. The weight as int32 words of the same bytes (strides in words), one program a row
@@ -245,13 +256,8 @@ def test_ring_launchers_hand_their_kernels_words_tiles_and_splits(monkeypatch):
     import triton
 
     calls = []
-
-    class Recorder:
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: calls.append((grid, args, kwargs))
-
-    monkeypatch.setattr(linear_mma_gluon, "nvfp4_linear_mma_gluon_kernel", Recorder())
-    monkeypatch.setattr(linear_wgmma_gluon, "nvfp4_linear_wgmma_gluon_kernel", Recorder())
+    monkeypatch.setattr(linear_mma_gluon, "nvfp4_linear_mma_gluon_kernel", _Recorder(calls))
+    monkeypatch.setattr(linear_wgmma_gluon, "nvfp4_linear_wgmma_gluon_kernel", _Recorder(calls))
     q = nvfp4.quantize(torch.randn(1000, 2048, dtype=torch.bfloat16))
     x = torch.randn(130, 2048, dtype=torch.bfloat16)
     forms = (
@@ -262,7 +268,7 @@ def test_ring_launchers_hand_their_kernels_words_tiles_and_splits(monkeypatch):
     for mod, config, handed in forms:
         out = torch.zeros(130, 1000, dtype=torch.bfloat16)
         mod.launch(x, q.packed, q.scales, q.global_scale, None, out, config, False)
-        grid, args, kwargs = calls[-1]
+        _, grid, args, kwargs = calls[-1]
         rows = 16 * config["ROW_TILES"] * config["WARPS"]
         assert grid == (triton.cdiv(1000, rows), triton.cdiv(130, config["BLOCK_M"]), 3)
         assert torch.equal(args[0], handed)
@@ -505,16 +511,9 @@ def test_expert_launchers_hand_their_kernels_the_pairs_words_and_one_h(monkeypat
     expert and row; grouped, each expert's run holds exactly the pairs routed to it."""
     calls = []
 
-    class Recorder:
-        def __init__(self, name):
-            self.name = name
-
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: calls.append((self.name, grid, args, kwargs))
-
-    monkeypatch.setattr(moe_gemv_gluon, "moe_gate_up_gemv_kernel", Recorder("gate_up"))
-    monkeypatch.setattr(moe_ring_gluon, "moe_gate_up_ring_kernel", Recorder("gate_up"))
-    monkeypatch.setattr(moe_gemv_gluon, "moe_down_gemv_kernel", Recorder("down"))
+    monkeypatch.setattr(moe_gemv_gluon, "moe_gate_up_gemv_kernel", _Recorder(calls, "gate_up"))
+    monkeypatch.setattr(moe_ring_gluon, "moe_gate_up_ring_kernel", _Recorder(calls, "gate_up"))
+    monkeypatch.setattr(moe_gemv_gluon, "moe_down_gemv_kernel", _Recorder(calls, "down"))
     e, n, k, top_k, t = 6, 80, 512, 2, 3
     gu, dn = _bank(e, n, k, "cpu")
     hidden = torch.randn(t, k, dtype=torch.bfloat16)
