@@ -43,7 +43,7 @@ def stacked(bank: NVFP4Weight, experts: torch.Tensor) -> NVFP4Weight:
     def rows(t: torch.Tensor) -> torch.Tensor:
         return t.index_select(0, experts).flatten(0, 1).contiguous()
 
-    return NVFP4Weight(rows(bank.packed), rows(bank.scales), bank.global_scale[:1].clone())
+    return NVFP4Weight(rows(bank.packed), rows(bank.scales), bank.global_scale[0].clone())
 
 
 def main(path):
