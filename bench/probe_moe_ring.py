@@ -8,17 +8,22 @@ at T=1/8/16, 26-33% of copy bandwidth on the routed experts' bytes, against targ
 
 This measures, same run, each time from HBM (``ops._time_us``):
 
-- ``bank_us``: the bank as the adjudicator serves it, and ``gate_up_us``, the GEMV form's
-  gate_up launch alone (``launch_down`` replaced by nothing);
+- ``bank_us``: the GEMV bank (``moe_gemv_gluon``), the best of its configs, and ``gate_up_us``,
+  that config's gate_up launch alone (``launch_down`` replaced by nothing);
 - ``ring_gate_up_us`` / ``ring_down_us``: the dense forms the adjudicator picks for the routed
   experts' weights stacked into one matrix (``[U x 2N, K]`` and ``[U x K, N]``, U the experts
   routed to) at T tokens: what a grouped bank reads, once an expert, with every token against
   every routed expert (more MMA columns, the same bytes). A bound on what the grouped ring
   bank could reach, less its grouping and activation launches;
-- ``ring_bank_per_pair_us`` / ``ring_bank_grouped_us``: ``moe_ring_gluon`` (its gate_up on the
-  ring, per pair or grouped by expert), the best of its configs each way, each config checked
-  against the reference first. It runs last, after the JSON of the rest
-  is written: a kernel that faults takes only its own figures with it.
+- ``ring_bank_{per_pair,grouped}_{gemv,ring}_down_us``: ``moe_ring_gluon`` (its gate_up on the
+  ring, per pair or grouped by expert; its down the GEMV's or the ring walk over each token's
+  experts), the best of its configs each way, each config checked against the reference
+  first. It runs last, after the JSON of the rest is written: a kernel that faults takes only
+  its own figures with it.
+
+The first run (06907eb; ``h200-probe-moe-ring.json``) had the ring gate_up with the GEMV down
+only: 19.3/84.7/142.7 us at T=1/8/16 against the GEMV bank's 19.7/100.0/188.1, and the stacked
+bound 15.5/53.6/93.1, of which the down is 6.0/19.2/32.4 where the GEMV down took 8.5/44/82.
 
 ``python3 bench/probe_moe_ring.py OUT.json`` with flashrt importable (``bench/gpu_run.sh``).
 """
@@ -26,6 +31,7 @@ This measures, same run, each time from HBM (``ops._time_us``):
 import functools
 import json
 import sys
+from itertools import product
 
 import torch
 from flashrt.bench.kernels import _routing, provenance
@@ -58,17 +64,22 @@ def main(path):
         x = torch.randn(t, HIDDEN, device="cuda", dtype=torch.bfloat16)
         inputs[t] = x, *_routing(t, E, TOP_K, 0)
         _, ids, weights = inputs[t]
-        chosen = ops.choose_moe(x, *banks, ids, weights)
-        bank_us = ops._time_us(functools.partial(ops.moe, x, gu, dn, ids, weights))
-        row = {"T": t, "form": chosen.name, "bank_us": bank_us}
-        if chosen.form == "gemv_gluon":
-            out = torch.empty_like(x)
-            run = functools.partial(moe_gemv_gluon.launch, x, *banks, ids, weights, out, chosen.params, False)
-            down, moe_gemv_gluon.launch_down = moe_gemv_gluon.launch_down, lambda *args: args[4]  # out, untouched
-            try:
-                row["gate_up_us"] = ops._time_us(run)
-            finally:
-                moe_gemv_gluon.launch_down = down
+        out = torch.empty_like(x)
+        gemv = {
+            ",".join(f"{k}={v}" for k, v in c.items()): functools.partial(
+                moe_gemv_gluon.launch, x, *banks, ids, weights, out, c, False
+            )
+            for c in moe_gemv_gluon.configs(t, INTER, HIDDEN)
+        }
+        gemv_us = {name: ops._time_us(run) for name, run in gemv.items()}
+        best = min(gemv_us, key=gemv_us.get)
+        row = {"T": t, "form": f"gemv_gluon[{best}]", "bank_us": gemv_us[best]}
+        bank_us = row["bank_us"]
+        down, moe_gemv_gluon.launch_down = moe_gemv_gluon.launch_down, lambda *args: args[4]  # out, untouched
+        try:
+            row["gate_up_us"] = ops._time_us(gemv[best])
+        finally:
+            moe_gemv_gluon.launch_down = down
         experts = ids.reshape(-1).unique()
         h = torch.randn(t, INTER, device="cuda", dtype=torch.bfloat16)
         for name, bank, act in (("gate_up", gu, x), ("down", dn, h)):
@@ -104,16 +115,17 @@ def main(path):
             rel = float((out.double() - ref.double()).norm() / ref.double().norm())
             name = ",".join(f"{k}={v}" for k, v in config.items())
             row["ring_bank"][name] = {"rel_err": rel, "us": ops._time_us(run) if rel < 1e-2 else None}
-        for grouped, way in ((0, "per_pair"), (1, "grouped")):
+        for (grouped, way), (ring_down, down) in product(((0, "per_pair"), (1, "grouped")), ((0, "gemv"), (1, "ring"))):
             timed = {
                 name: c["us"]
                 for name, c in row["ring_bank"].items()
-                if c["us"] is not None and name.startswith(f"GROUPED={grouped},")
+                if c["us"] is not None and name.startswith(f"GROUPED={grouped},") and ("DOWN_SPLIT" in name) == ring_down
             }
-            row[f"ring_bank_{way}_us"] = min(timed.values(), default=None)
+            key = f"ring_bank_{way}_{down}_down_us"
+            row[key] = min(timed.values(), default=None)
             best = min(timed, key=timed.get, default="none")
-            print(f"T={row['T']:2d}: ring bank, {way:8s} {row[f'ring_bank_{way}_us'] or float('nan'):6.1f} us"
-                  f" against the bank's {row['bank_us']:6.1f} ({best})", flush=True)  # fmt: skip
+            print(f"T={row['T']:2d}: ring bank, {way:8s}, {down} down {row[key] or float('nan'):6.1f} us"
+                  f" against the GEMV bank's {row['bank_us']:6.1f} ({best})", flush=True)  # fmt: skip
         write(path, result | {"rows": rows})
 
 

@@ -111,6 +111,8 @@ _GATE_UP_SIG = {
     "sorted_pairs_ptr": "*i32",
     "expert_offsets_ptr": "*i32",
     "expert_counts_ptr": "*i32",
+    "topk_weights_ptr": "*bf16",
+    "down_global_scale_ptr": "*fp32",
     "h_ptr": "*bf16",
     "N": "i32",
     "K": "i32",
@@ -166,6 +168,8 @@ _MOE_GATE_UP_RING_SIG = {
     "sorted_pairs_ptr": "*i32",
     "expert_offsets_ptr": "*i32",
     "expert_counts_ptr": "*i32",
+    "topk_weights_ptr": "*bf16",
+    "down_global_scale_ptr": "*fp32",
     "h_ptr": "*bf16",
     "N": "i32",
     "K": "i32",
@@ -173,6 +177,19 @@ _MOE_GATE_UP_RING_SIG = {
     "TOP_K": "i32",
     "stride_xm": "i32",
     "stride_hm": "i32",
+} | _MOE_GEMV_COMMON
+_MOE_DOWN_RING_SIG = {
+    "h_ptr": "*bf16",
+    "words_ptr": "*i32",
+    "scales_ptr": "*i32",
+    "global_scale_ptr": "*fp32",
+    "topk_ids_ptr": "*i64",
+    "out_ptr": "*bf16",
+    "M": "i32",
+    "N": "i32",
+    "K": "i32",
+    "TOP_K": "i32",
+    "stride_om": "i32",
 } | _MOE_GEMV_COMMON
 _MOE_DOWN_GEMV_SIG = {
     "h_ptr": "*bf16",
@@ -228,6 +245,8 @@ _MOE_GATE_UP_W4A4_SIG = {
     "sorted_pairs_ptr": "*i32",
     "expert_offsets_ptr": "*i32",
     "expert_counts_ptr": "*i32",
+    "topk_weights_ptr": "*bf16",
+    "down_global_scale_ptr": "*fp32",
     "h_ptr": "*bf16",
     "N": "i32",
     "K": "i32",
@@ -388,10 +407,18 @@ def builds() -> Iterator[Build]:
     for t in _TOKENS:
         for cfg in moe_ring_gluon.configs(t, 768, 2048):
             block_m = moe_ring_gluon.GROUP_TILE if cfg["GROUPED"] else 1
+            ring_down = "DOWN_SPLIT" in cfg
             consts = {"BLOCK_M": block_m, "E_POW2": 128, "WARPS": cfg["WARPS"], "STAGES": cfg["STAGES"]}
+            consts["FOLD_DOWN"] = ring_down
             fn = moe_ring_gluon.moe_gate_up_ring_kernel
             sig = _with_constexprs(_MOE_GATE_UP_RING_SIG, consts)
             yield from unique(Build("moe_gate_up_ring", fn, sig, consts, cfg["WARPS"], 1))
+            if ring_down:
+                consts = {"TOP_K_POW2": 8, "EXPERT_STEPS": 768 // linear_mma_gluon.BLOCK_K, "WARPS": cfg["DOWN_WARPS"]}
+                consts["STAGES"] = cfg["STAGES"]
+                sig, consts = _split_build(_MOE_DOWN_RING_SIG, consts, cfg["DOWN_SPLIT"])
+                fn = moe_ring_gluon.moe_down_ring_kernel
+                yield from unique(Build("moe_down_ring", fn, sig, consts, cfg["DOWN_WARPS"], 1))
     for t in _TOKENS:
         for cfg, even_k in product(moe_w4a4.configs(t, 768, 2048), (True, False)):
             common = {"EVEN_K": even_k, "INTERPRETED": False, "E_POW2": 128, "BLOCK_M": cfg["BLOCK_M"]}

@@ -162,16 +162,36 @@ def _weight_offsets(
 
 
 @gluon.jit
+def _step_offsets(at, walk_words, walk_scales, EXPERT_STEPS: gl.constexpr):
+    """Where ring step ``at`` starts, in weight words and scale words past ``word_off`` and
+    ``scale_off``: ``at`` steps along the rows; on an expert walk (``EXPERT_STEPS`` steps an
+    expert), step ``at % EXPERT_STEPS`` of walk slot ``at // EXPERT_STEPS``, whose expert's bank
+    offsets ``walk_words``/``walk_scales`` hold in every thread's registers (picked by a
+    reduction, not loaded: no load waits ahead of the copies)."""
+    if EXPERT_STEPS == 0:
+        words_at = at * (4 * V)
+        scales_at = at * (V // 2)
+    else:
+        slots = gl.arange(0, walk_words.shape[0], layout=walk_words.type.layout)
+        here = slots == at // EXPERT_STEPS
+        along = at % EXPERT_STEPS
+        words_at = gl.sum(gl.where(here, walk_words, 0), axis=0) + along * (4 * V)
+        scales_at = gl.sum(gl.where(here, walk_scales, 0), axis=0) + along * (V // 2)
+    return words_at, scales_at
+
+
+@gluon.jit
 def _start(
     step, slot, steps, words_ring, scales_ring, x_ring, words_ptr, scales_ptr, x_ptr, first, word_off, scale_off,
-    x_off, x_mask,
+    x_off, x_mask, walk_words, walk_scales, EXPERT_STEPS: gl.constexpr,
 ):  # fmt: skip
     """Start the copies of step ``step`` into ring slot ``slot`` as one copy group, an empty one
     past the last step (the waits count groups)."""
     if step < steps:
         at = first + step
-        _async_load(words_ring.index(slot), words_ptr + at * (4 * V) + word_off)
-        _async_load(scales_ring.index(slot), scales_ptr + at * (V // 2) + scale_off)
+        words_at, scales_at = _step_offsets(at, walk_words, walk_scales, EXPERT_STEPS)
+        _async_load(words_ring.index(slot), words_ptr + words_at + word_off)
+        _async_load(scales_ring.index(slot), scales_ptr + scales_at + scale_off)
         _async_load(x_ring.index(slot), x_ptr + at * (32 * V) + x_off, mask=x_mask)
     async_copy.commit_group()
 
@@ -179,27 +199,27 @@ def _start(
 @gluon.jit
 def _prime(
     words_ring, scales_ring, x_ring, words_ptr, scales_ptr, x_ptr, first, steps, word_off, scale_off, x_off, x_mask,
-    STAGES: gl.constexpr,
+    STAGES: gl.constexpr, walk_words=0, walk_scales=0, EXPERT_STEPS: gl.constexpr = 0,
 ):  # fmt: skip
     """Start the ring's first ``STAGES - 1`` steps."""
     for s in gl.static_range(STAGES - 1):
         _start(
             s, s, steps, words_ring, scales_ring, x_ring, words_ptr, scales_ptr, x_ptr, first, word_off, scale_off,
-            x_off, x_mask,
+            x_off, x_mask, walk_words, walk_scales, EXPERT_STEPS,
         )  # fmt: skip
 
 
 @gluon.jit
 def _refill(
     i, words_ring, scales_ring, x_ring, words_ptr, scales_ptr, x_ptr, first, steps, word_off, scale_off, x_off,
-    x_mask, STAGES: gl.constexpr,
+    x_mask, STAGES: gl.constexpr, walk_words=0, walk_scales=0, EXPERT_STEPS: gl.constexpr = 0,
 ):  # fmt: skip
     """At step ``i``, after the barrier: start step ``i + STAGES - 1`` in the slot step ``i - 1``
     used (everyone is done with it)."""
     ahead = i + STAGES - 1
     _start(
         ahead, ahead % STAGES, steps, words_ring, scales_ring, x_ring, words_ptr, scales_ptr, x_ptr, first, word_off,
-        scale_off, x_off, x_mask,
+        scale_off, x_off, x_mask, walk_words, walk_scales, EXPERT_STEPS,
     )  # fmt: skip
 
 
@@ -241,10 +261,12 @@ def _store_tile(
 def _ring_product(
     x_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, first, steps,
     BLOCK_M: gl.constexpr, ROW_TILES: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr,
+    walk_words=0, walk_scales=0, EXPERT_STEPS: gl.constexpr = 0,
 ):  # fmt: skip
     """``acc [BLOCK_N, max(BLOCK_M, 8)]``: the program's weight rows (``word_off``/``scale_off``
     at step 0) times its tokens (``x_off``, ``x_mask``) over ``steps`` steps from ``first``,
-    through the ring. fp32, before the global scale and ``EPILOGUE_FACTOR``."""
+    through the ring, along the rows or on an expert walk (``_step_offsets``). fp32, before the
+    global scale and ``EPILOGUE_FACTOR``."""
     BLOCK_N: gl.constexpr = 16 * ROW_TILES * WARPS
     BLOCK_K: gl.constexpr = 32 * V
     MMA_M: gl.constexpr = mma_tokens(BLOCK_M)
@@ -267,7 +289,7 @@ def _ring_product(
     x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, 4 * BLOCK_M, 8 * V], SWIZZLED)
     _prime(
         words_ring, scales_ring, x_ring, words_ptr, scales_ptr, x_ptr, first, steps, word_off, scale_off, x_off,
-        x_mask, STAGES,
+        x_mask, STAGES, walk_words, walk_scales, EXPERT_STEPS,
     )  # fmt: skip
 
     acc = gl.zeros([BLOCK_N, MMA_M], gl.float32, layout=ACC)
@@ -276,7 +298,7 @@ def _ring_product(
         _barrier()  # everyone's have, and everyone is done with the slot refilled next
         _refill(
             i, words_ring, scales_ring, x_ring, words_ptr, scales_ptr, x_ptr, first, steps, word_off, scale_off,
-            x_off, x_mask, STAGES,
+            x_off, x_mask, STAGES, walk_words, walk_scales, EXPERT_STEPS,
         )  # fmt: skip
         slot = i % STAGES
         words = words_ring.index(slot).reshape([BLOCK_N, 4, V // 2, 2]).load(WORDS)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 import triton
 from flashrt.kernels import moe_fused, moe_gemv_gluon
+from flashrt.kernels.linear_mma import reduce_splits, split_ks, split_target
 from flashrt.kernels.linear_mma_gluon import (
     _EPILOGUE_FACTOR,
     BLOCK_K,
@@ -34,6 +35,8 @@ from flashrt.kernels.linear_mma_gluon import (
     _activation_offsets,
     _copyable,
     _ring_product,
+    _store_tile,
+    _weight_offsets,
     acts_copy_layout,
     aligned_activations,
     mma_tokens,
@@ -62,6 +65,8 @@ def moe_gate_up_ring_kernel(
     sorted_pairs_ptr,
     expert_offsets_ptr,
     expert_counts_ptr,
+    topk_weights_ptr,
+    down_global_scale_ptr,
     h_ptr,
     N,
     K,
@@ -77,12 +82,15 @@ def moe_gate_up_ring_kernel(
     E_POW2: gl.constexpr,
     WARPS: gl.constexpr,
     STAGES: gl.constexpr,
+    FOLD_DOWN: gl.constexpr,
 ):
     """``h[pair, rows] = silu(gate_e @ x_t) * (up_e @ x_t)``, e and t the pair's expert and token;
     weight words and scale words (int32) by expert, row. ``BLOCK_M == 1``: one program a pair
     (``topk_ids``). Else grouped: one program a ``BLOCK_M``-row tile of ``moe_fused.group_pairs``'
     layout, the pairs of one expert, which it reads once for all of them; past the last run a
-    program has no steps and stores nothing."""
+    program has no steps and stores nothing. ``FOLD_DOWN``: each pair's row of h times its
+    routing weight and its expert's down global scale over expert 0's, what the ring down
+    (``moe_down_ring_kernel``) sums as they are."""
     HALF: gl.constexpr = 16 * WARPS  # a row tile of gate rows, then one of up rows
     BLOCK_K: gl.constexpr = 32 * V
     MMA_M: gl.constexpr = mma_tokens(BLOCK_M)
@@ -139,9 +147,78 @@ def moe_gate_up_ring_kernel(
         rows = row_start + column
         column_valid = (column < BLOCK_M) & (rows < valid_end)
         pairs = gl.load(sorted_pairs_ptr + rows, mask=column_valid, other=0)
+    if FOLD_DOWN:
+        down_scale = gl.load(down_global_scale_ptr + expert) / gl.load(down_global_scale_ptr)
+        routed = gl.load(topk_weights_ptr + pairs, mask=column_valid, other=0.0).to(gl.float32)
+        h = h * gl.expand_dims(routed * down_scale, 0)
     mask = gl.expand_dims(offs_n < N, 1) & gl.expand_dims(column_valid, 0)
     out = h_ptr + gl.expand_dims(pairs.to(gl.int64) * stride_hm, 0) + gl.expand_dims(offs_n, 1)
     gl.store(out, h.to(h_ptr.dtype.element_ty), mask=mask)
+
+
+@gluon.jit
+def moe_down_ring_kernel(
+    h_ptr,
+    words_ptr,
+    scales_ptr,
+    global_scale_ptr,
+    topk_ids_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    TOP_K,
+    stride_om,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    TOP_K_POW2: gl.constexpr,
+    EXPERT_STEPS: gl.constexpr,
+    WARPS: gl.constexpr,
+    STAGES: gl.constexpr,
+    SPLIT_K: gl.constexpr,
+):
+    """``out[t, rows] = sum_j down_e(j) @ h[t * TOP_K + j]`` over token t's experts, h folded
+    (``FOLD_DOWN``), so the sum takes no weights; N output rows, K = inter in ``EXPERT_STEPS``
+    ring steps. One program a (row block, token, split): its ring walks the token's experts,
+    one expert's steps after the other's, the copies ``STAGES - 1`` steps ahead across experts
+    (the GEMV down waits on each expert's first load); a token's pair rows of h lie end to end,
+    so its activations just step along. Split, the walk is cut ``SPLIT_K`` ways into fp32
+    partials, through an expert too."""
+    BLOCK_N: gl.constexpr = 16 * WARPS
+    ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
+    SCALES: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, words_layout(1, WARPS)))
+    ACTS_COPY: gl.constexpr = acts_copy_layout(WARPS)
+    WALK: gl.constexpr = gl.BlockedLayout([TOP_K_POW2], [32], [WARPS], [0])  # every thread holds the walk
+
+    pid_n = gl.program_id(0)
+    token = gl.program_id(1)
+    pid_k = gl.program_id(2)
+    word_off, scale_off = _weight_offsets(pid_n, N, stride_wn, stride_sn, BLOCK_N, words_copy_layout(WARPS), SCALES)
+    slots = gl.arange(0, TOP_K_POW2, layout=WALK)
+    experts = gl.load(topk_ids_ptr + token * TOP_K + slots, mask=slots < TOP_K, other=0).to(gl.int64)
+    xr = gl.arange(0, 4, layout=gl.SliceLayout(1, ACTS_COPY))
+    xc = gl.arange(0, 8 * V, layout=gl.SliceLayout(0, ACTS_COPY))
+    x_off = _activation_offsets(token + xr * 0, xr, xc, TOP_K * K)
+    x_mask = gl.expand_dims(xr < 4, 1)
+
+    walk = TOP_K * EXPERT_STEPS
+    per_split = gl.cdiv(walk, SPLIT_K)
+    first = pid_k * per_split
+    steps = gl.minimum(per_split, walk - first)
+    acc = _ring_product(
+        h_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, first, steps, 1, 1, WARPS, STAGES,
+        experts * stride_we, experts * stride_se, EXPERT_STEPS,
+    )  # fmt: skip
+
+    offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
+    column = gl.arange(0, 8, layout=gl.SliceLayout(0, ACC))
+    mask = gl.expand_dims(offs_n < N, 1) & gl.expand_dims(column < 1, 0)
+    _store_tile(
+        acc, offs_n, token + column * 0, mask, out_ptr, global_scale_ptr, global_scale_ptr, pid_k, M, N, stride_om,
+        False, SPLIT_K,
+    )  # fmt: skip
 
 
 # A grouped tile is the MMA's 8 columns: fewer tokens would compute 8 anyway, and at up to 16
@@ -159,20 +236,30 @@ def launch(
     config: dict,
     use_prmt: bool,
 ) -> torch.Tensor:
-    """Two launches, the ring gate_up and ``moe_gemv_gluon``'s down; grouped, three (the
-    ``moe_fused`` grouping first). bf16 activations, K in whole ring steps (``configs`` offers
-    nothing else)."""
-    gu_packed, gu_scales, gu_global = gate_up
-    if gu_scales is None:
-        raise ValueError("gate_up: the ring expert form reads NVFP4 banks only, got a bf16 bank")
+    """The ring gate_up (after ``moe_fused``'s grouping, grouped), then the down: on the ring
+    (``DOWN_SPLIT`` in the config; split, plus the ordered reduce) or ``moe_gemv_gluon``'s.
+    bf16 activations, K in whole ring steps (``configs`` offers nothing else)."""
+    ring_down = "DOWN_SPLIT" in config
+    n = gate_up[0].shape[1] // 2
+    if ring_down and n % BLOCK_K:
+        raise ValueError(
+            f"down: the ring walk takes the inter size in whole {BLOCK_K}-element steps, got {n}; "
+            "use a config with DOWN_ROWS (the GEMV down)"
+        )
+    banks = (("gate_up", gate_up), ("down", down)) if ring_down else (("gate_up", gate_up),)
+    for bank, (packed, scales, _) in banks:
+        if scales is None:
+            raise ValueError(f"{bank}: the ring expert form reads NVFP4 banks only, got a bf16 bank")
+        for name, t in ((f"{bank} packed", packed), (f"{bank} scales", scales)):
+            if not (t.is_contiguous() and _copyable(t.flatten(0, 1))):
+                raise ValueError(
+                    f"{name} must be contiguous, on 16 bytes, with rows of whole 16-byte chunks for cp.async"
+                )
     if hidden.dtype != torch.bfloat16:
         raise ValueError(f"hidden must be bfloat16 for the bf16 tensor-core form, got {hidden.dtype}")
-    for name, t in (("gate_up packed", gu_packed), ("gate_up scales", gu_scales)):
-        if not (t.is_contiguous() and _copyable(t.flatten(0, 1))):
-            raise ValueError(f"{name} must be contiguous, on 16 bytes, with rows of whole 16-byte chunks for cp.async")
+    gu_packed, gu_scales, gu_global = gate_up
     hidden = aligned_activations(hidden)
     t, k = hidden.shape
-    n = gu_packed.shape[1] // 2
     top_k = topk_ids.shape[1]
     pairs = t * top_k
     experts = gu_packed.shape[0]
@@ -191,6 +278,8 @@ def launch(
         gu_global,
         ids,
         *grouping,
+        topk_weights.reshape(-1),
+        down[2],
         h,
         n,
         k,
@@ -206,28 +295,81 @@ def launch(
         E_POW2=triton.next_power_of_2(experts),
         WARPS=config["WARPS"],
         STAGES=config["STAGES"],
+        FOLD_DOWN=ring_down,
         num_warps=config["WARPS"],
     )
+    if ring_down:
+        return launch_down(h, down, topk_ids, out, config)
     warps_k = config["DOWN_WARPS_K"]
     down_layout = {"ROWS": config["DOWN_ROWS"], "GROUPS": 1, "WARPS_N": 4 // warps_k, "WARPS_K": warps_k}
     return moe_gemv_gluon.launch_down(h, down, topk_ids, topk_weights, out, down_layout)
+
+
+def launch_down(h: torch.Tensor, down: tuple, topk_ids: torch.Tensor, out: torch.Tensor, config: dict) -> torch.Tensor:
+    """The ring down on the folded ``h [pairs, N]``: a program a (row block of ``16 *
+    DOWN_WARPS`` rows, token, split), the ring's stages the gate_up's."""
+    dn_packed, dn_scales, dn_global = down
+    t, top_k = topk_ids.shape
+    k, n = dn_packed.shape[1], h.shape[1]
+    words, scale_words = dn_packed.view(torch.int32), dn_scales.view(torch.uint8).view(torch.int32)
+    warps, split = config["DOWN_WARPS"], config["DOWN_SPLIT"]
+    target = split_target(out, split)
+    moe_down_ring_kernel[(triton.cdiv(k, 16 * warps), t, split)](
+        h,
+        words,
+        scale_words,
+        dn_global,
+        topk_ids.reshape(-1),
+        target,
+        t,
+        k,
+        n,
+        top_k,
+        out.stride(0),
+        words.stride(0),
+        words.stride(1),
+        scale_words.stride(0),
+        scale_words.stride(1),
+        TOP_K_POW2=triton.next_power_of_2(top_k),
+        EXPERT_STEPS=n // BLOCK_K,
+        WARPS=warps,
+        STAGES=config["STAGES"],
+        SPLIT_K=split,
+        num_warps=warps,
+    )
+    if split > 1:
+        reduce_splits(target, dn_global, None, out)
+    return out
+
+
+# The walk configs assume: a top-8 bank's down walks 8 experts, so splits keep two steps each
+# (fewer experts: a split past the walk stores zeros, which the reduce adds).
+WALK_EXPERTS = 8
 
 
 def configs(t: int, n: int, k: int) -> list[dict]:
     """Up to 16 tokens, K in whole ring steps, on a compiled GPU (Gluon has no interpreter). Per
     pair or grouped by expert; one, two or four warps (32-128 ring rows: a 768-row expert makes
     12-48 programs a pair, and one token's eight pairs 96-384 programs for 132 SMs); three or
-    four stages; the down launch in the two layouts that won ``moe_gemv_gluon``'s on the H200
-    (two rows a thread and K split in two at one token, four rows otherwise:
-    ``bench/results/h200-kernels-moe-prefetch2.json``)."""
+    four stages. The down: the two ``moe_gemv_gluon`` layouts that won its own on the H200 (two
+    rows a thread and K split in two at one token, four rows otherwise:
+    ``bench/results/h200-kernels-moe-prefetch2.json``), and where the inter size is whole ring
+    steps the ring walk, 16-64 rows a program, unsplit and split as ``linear_mma.split_ks``
+    offers for its programs (one token's 2048-row down is 32-128 of them)."""
     from flashrt.kernels.decode import interpreted
 
     if t > 16 or interpreted() or k % BLOCK_K or n % 16:
         return []
+    downs = [{"DOWN_ROWS": rows, "DOWN_WARPS_K": warps_k} for rows, warps_k in ((2, 2), (4, 1))]
+    if n % BLOCK_K == 0:
+        for warps in (1, 2, 4):
+            programs = triton.cdiv(k, 16 * warps) * t
+            splits = (1, *split_ks(programs, WALK_EXPERTS * n, BLOCK_K))
+            downs += [{"DOWN_WARPS": warps, "DOWN_SPLIT": split} for split in splits]
     return [
-        {"GROUPED": grouped, "WARPS": warps, "STAGES": stages, "DOWN_ROWS": rows, "DOWN_WARPS_K": warps_k}
+        {"GROUPED": grouped, "WARPS": warps, "STAGES": stages, **down}
         for grouped in (0, 1)
         for warps in (1, 2, 4)
         for stages in (3, 4)
-        for rows, warps_k in ((2, 2), (4, 1))
+        for down in downs
     ]

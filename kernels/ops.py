@@ -26,6 +26,7 @@ from flashrt.kernels import (
     linear_wgmma_gluon,
     moe_fused,
     moe_gemv_gluon,
+    moe_ring_gluon,
     moe_w4a4,
 )
 from flashrt.kernels.nvfp4 import BLOCK_SIZE, NVFP4Weight, check_weight, dequantize
@@ -41,7 +42,7 @@ LINEAR_FORMS = {
     "w4a4": linear_w4a4,
     "dequant": linear_dequant,
 }
-MOE_FORMS = {"fused": moe_fused, "gemv_gluon": moe_gemv_gluon, "w4a4": moe_w4a4}
+MOE_FORMS = {"fused": moe_fused, "gemv_gluon": moe_gemv_gluon, "ring_gluon": moe_ring_gluon, "w4a4": moe_w4a4}
 
 
 # -- references ----------------------------------------------------------------------------------

@@ -481,7 +481,8 @@ def test_moe_kernel_matches_reference(t, weight_format, device):
 
 # The decode-size expert forms (empty under the interpreter: Gluon needs a compiled GPU).
 DECODE_EXPERT_CASES = [(moe_gemv_gluon, c) for c in moe_gemv_gluon.configs(1, 768, 2048)[::2]]
-DECODE_EXPERT_CASES += [(moe_ring_gluon, c) for c in moe_ring_gluon.configs(1, 768, 2048)[::3]]
+# Every 7th of the ring form's 96 (12 gate_up settings x 8 downs): each down, all 12 gate_ups.
+DECODE_EXPERT_CASES += [(moe_ring_gluon, c) for c in moe_ring_gluon.configs(1, 768, 2048)[::7]]
 
 
 @pytest.mark.skipif(not ON_GPU, reason="Gluon has no interpreter; CI builds these kernels for every target")
@@ -490,8 +491,11 @@ DECODE_EXPERT_CASES += [(moe_ring_gluon, c) for c in moe_ring_gluon.configs(1, 7
 def test_decode_expert_forms_match_reference(t, form, config, device):
     """N = 48: ragged against every GEMV step of K (32 groups and up) and against the ring's 16-
     to 64-row gate tiles (its rows past N read row N - 1); K = 768, three ring steps; grouped, at
-    16 tokens 64 pairs over 16 experts, so runs span tiles and tiles hold padding."""
-    e, n, k, top_k = 16, 48, 768, 4
+    16 tokens 64 pairs over 16 experts, so runs span tiles and tiles hold padding. The ring
+    down walks whole ring steps of N: 512 there, two steps an expert, so its splits of the
+    8-step walk at one token (4 and 8) cut through experts."""
+    e, k, top_k = 16, 768, 4
+    n = 512 if "DOWN_SPLIT" in config else 48
     gu, dn = _bank(e, n, k, device)
     hidden = torch.randn(t, k, dtype=torch.bfloat16, device=device)
     ids, weights = _route(t, e, top_k, device)
@@ -523,8 +527,8 @@ def test_expert_launchers_hand_their_kernels_the_pairs_words_and_one_h(monkeypat
     tiles = moe_fused.max_rows(t * top_k, e, moe_ring_gluon.GROUP_TILE) // moe_ring_gluon.GROUP_TILE
     forms = (  # the form, its config, gate rows and down rows a program, programs along the pairs, where h is
         (moe_gemv_gluon, {"ROWS": 4, "GROUPS": 1, "WARPS_N": 4, "WARPS_K": 1}, 16, 16, t * top_k, 5),
-        (moe_ring_gluon, ring | {"GROUPED": 0}, 32, 4, t * top_k, 8),
-        (moe_ring_gluon, ring | {"GROUPED": 1}, 32, 4, tiles, 8),
+        (moe_ring_gluon, ring | {"GROUPED": 0}, 32, 4, t * top_k, 10),
+        (moe_ring_gluon, ring | {"GROUPED": 1}, 32, 4, tiles, 10),
     )
     for mod, config, gate_rows, down_rows, programs, at in forms:
         calls.clear()
@@ -550,6 +554,57 @@ def test_expert_launchers_hand_their_kernels_the_pairs_words_and_one_h(monkeypat
                 assert sorted(run.tolist()) == (ids.reshape(-1) == expert).nonzero().flatten().tolist()
     with pytest.raises(ValueError, match="bfloat16"):
         moe_ring_gluon.launch(hidden.half(), *banks, ids, weights, out, forms[1][1], False)
+
+
+def test_ring_expert_down_walks_each_tokens_experts_on_the_folded_h(monkeypatch):
+    """The ring down, what CI can check of it without a GPU: the gate_up folds the routing
+    weights and down global scales into the h the down reads (``FOLD_DOWN``); one down program
+    a row block of ``16 * DOWN_WARPS``, a token and a split, its walk ``EXPERT_STEPS`` ring
+    steps an expert; split, fp32 partials ``[split, T, hidden]`` that ``linear_mma``'s ordered
+    reduce sums times the bank's first global scale (the one the fold is relative to). An inter
+    size that is not whole ring steps is refused by name, and not offered."""
+    import triton
+
+    calls = []
+    monkeypatch.setattr(moe_ring_gluon, "moe_gate_up_ring_kernel", _Recorder(calls, "gate_up"))
+    monkeypatch.setattr(moe_ring_gluon, "moe_down_ring_kernel", _Recorder(calls, "down"))
+    monkeypatch.setattr(linear_mma, "splitk_reduce_kernel", _Recorder(calls, "reduce"))
+    e, n, k, top_k, t = 6, 512, 512, 3, 5
+    gu, dn = _bank(e, n, k, "cpu")
+    hidden = torch.randn(t, k, dtype=torch.bfloat16)
+    ids, weights = _route(t, e, top_k, "cpu")
+    banks = (gu.packed, gu.scales, gu.global_scale), (dn.packed, dn.scales, dn.global_scale)
+    for grouped, warps, split in ((0, 1, 1), (1, 2, 4)):
+        calls.clear()
+        out = torch.zeros_like(hidden)
+        config = {"GROUPED": grouped, "WARPS": 2, "STAGES": 4, "DOWN_WARPS": warps, "DOWN_SPLIT": split}
+        assert moe_ring_gluon.launch(hidden, *banks, ids, weights, out, config, False) is out
+        assert [c[0] for c in calls] == ["gate_up", "down"] + ["reduce"] * (split > 1)
+        (_, _, up_args, up_kwargs), (_, down_grid, down_args, down_kwargs) = calls[:2]
+        assert up_kwargs["FOLD_DOWN"] is True
+        assert torch.equal(up_args[8], weights.reshape(-1)) and up_args[9] is dn.global_scale
+        h = up_args[10]
+        assert h.shape == (t * top_k, n) and h.is_contiguous() and down_args[0] is h
+        assert down_grid == (triton.cdiv(k, 16 * warps), t, split)
+        assert down_args[1].dtype == torch.int32 and torch.equal(down_args[1].view(torch.uint8), dn.packed)
+        assert torch.equal(down_args[2].view(torch.uint8), dn.scales.view(torch.uint8))
+        assert down_args[3] is dn.global_scale and torch.equal(down_args[4], ids.reshape(-1))
+        assert down_args[6:10] == (t, k, n, top_k)
+        assert down_args[11:] == (*down_args[1].stride()[:2], *down_args[2].stride()[:2])
+        assert down_kwargs["EXPERT_STEPS"] == n // 256 and down_kwargs["TOP_K_POW2"] == 4
+        assert (down_kwargs["WARPS"], down_kwargs["STAGES"], down_kwargs["SPLIT_K"]) == (warps, 4, split)
+        if split > 1:
+            partials = down_args[5]
+            assert partials.shape == (split, t, k) and partials.dtype == torch.float32
+            _, _, reduce_args, _ = calls[2]
+            assert reduce_args[0] is partials and reduce_args[1] is dn.global_scale and reduce_args[3] is out
+        else:
+            assert down_args[5] is out
+    gu, dn = _bank(e, 48, k, "cpu")
+    assert not any("DOWN_SPLIT" in c for c in moe_ring_gluon.configs(t, 48, k))
+    with pytest.raises(ValueError, match="inter size"):
+        banks = (gu.packed, gu.scales, gu.global_scale), (dn.packed, dn.scales, dn.global_scale)
+        moe_ring_gluon.launch(hidden, *banks, ids, weights, out, config, False)
 
 
 @W4A4_HERE
