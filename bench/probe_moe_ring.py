@@ -119,7 +119,9 @@ def main(path):
             timed = {
                 name: c["us"]
                 for name, c in row["ring_bank"].items()
-                if c["us"] is not None and name.startswith(f"GROUPED={grouped},") and ("DOWN_SPLIT" in name) == ring_down
+                if c["us"] is not None
+                and name.startswith(f"GROUPED={grouped},")
+                and ("DOWN_SPLIT" in name) == ring_down
             }
             key = f"ring_bank_{way}_{down}_down_us"
             row[key] = min(timed.values(), default=None)

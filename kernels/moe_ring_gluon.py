@@ -1,25 +1,30 @@
-"""The NVFP4 expert bank at decode sizes, its gate_up on the ring (Gluon): staged, not offered yet.
+"""The NVFP4 expert bank at decode sizes on the ring (Gluon): gate_up, then down.
 
-``moe_gemv_gluon`` runs each token-expert pair's gate_up as a GEMV that keeps one step of loads
-in flight; on the dense layers the ring form (``linear_mma_gluon``: ``STAGES - 1`` steps of
+``moe_gemv_gluon`` runs each token-expert pair as a GEMV that keeps one step of loads in
+flight; on the dense layers the ring form (``linear_mma_gluon``: ``STAGES - 1`` steps of
 ``cp.async`` copies ahead, the decode straight into ``mma.sync`` fragments) won over the GEMV
-at one token on the H200 from the 59 M-parameter down projection up, and lost on the 25 M qkv
+at one token on the H200 from the 59 M-parameter down projection up
 (bench/results/h200-kernels-readflush.json). The routed gate_up of a Qwen3-30B-A3B bank is 8
-pairs of 3.1 M parameters at one token and 64 at eight. So this form is that GEMV's gate_up on
-the ring, per pair or grouped by expert:
+pairs of 3.1 M parameters at one token and 64 at eight. So here both GEMMs are on the ring:
 
 1. grouped only: ``moe_fused``'s ``group`` launch, the pairs sorted by expert in runs of 8 rows
    (an expert that two tokens route to is then read once, not twice: at 16 tokens the Qwen3
-   bank's 128 pairs route to about 82 experts);
+   bank's 128 pairs route to about 80 experts);
 2. ``gate_up``: one program per (block of N rows, pair or 8-row tile). The program's ring rows
    are its gate rows, then the same up rows (the ring form's two row tiles), so each thread
    holds the gate and up outputs of the same rows and the SiLU-and-mul needs no data moved;
-   ``h [pairs, N]`` in pair order either way;
-3. ``down``: ``moe_gemv_gluon``'s own down launch (per token, its k experts summed in
-   registers: deterministic, no atomics).
+   ``h [pairs, N]`` in pair order either way, each row times its routing weight and its
+   expert's down global scale (over expert 0's) where the ring down follows;
+3. ``down``: the ring walking each token's experts one after the other (one program a row
+   block and token; split along the walk at one token, then ``linear_mma``'s ordered reduce):
+   the copies run ahead across experts, where the GEMV down waited on each expert's first
+   load. Or ``moe_gemv_gluon``'s own down (per token, its k experts summed in registers).
+   Either way deterministic, no atomics.
 
-Not in ``ops.MOE_FORMS`` until it has run on a GPU: ``bench/probe_moe_ring.py`` times both ways
-against the GEMV bank and bounds what a grouped bank could reach. CI builds it for every target.
+H200, Qwen3-30B-A3B's bank (E=128, top-8, 2048 x 768), 9a6de5f
+(``bench/results/h200-probe-moe-ring-down.json``, every config checked against the reference):
+18.7/67.0/107.3 us at 1/8/16 tokens against the GEMV form's 20.5/100.4/188.1; with the GEMV down,
+19.5/84.8/142.1. Per pair won at 1 and 8 tokens, grouped at 16.
 """
 
 from __future__ import annotations

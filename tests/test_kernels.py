@@ -258,6 +258,7 @@ def test_ring_launchers_hand_their_kernels_words_tiles_and_splits(monkeypatch):
     calls = []
     monkeypatch.setattr(linear_mma_gluon, "nvfp4_linear_mma_gluon_kernel", _Recorder(calls))
     monkeypatch.setattr(linear_wgmma_gluon, "nvfp4_linear_wgmma_gluon_kernel", _Recorder(calls))
+    monkeypatch.setattr(linear_mma, "splitk_reduce_kernel", _Recorder(calls, "reduce"))  # CPU tensors, even on a GPU
     q = nvfp4.quantize(torch.randn(1000, 2048, dtype=torch.bfloat16))
     x = torch.randn(130, 2048, dtype=torch.bfloat16)
     forms = (
@@ -268,7 +269,8 @@ def test_ring_launchers_hand_their_kernels_words_tiles_and_splits(monkeypatch):
     for mod, config, handed in forms:
         out = torch.zeros(130, 1000, dtype=torch.bfloat16)
         mod.launch(x, q.packed, q.scales, q.global_scale, None, out, config, False)
-        _, grid, args, kwargs = calls[-1]
+        (_, grid, args, kwargs), (reduce, _, reduce_args, _) = calls[-2:]
+        assert reduce == "reduce" and reduce_args[0] is args[5] and reduce_args[3] is out
         rows = 16 * config["ROW_TILES"] * config["WARPS"]
         assert grid == (triton.cdiv(1000, rows), triton.cdiv(130, config["BLOCK_M"]), 3)
         assert torch.equal(args[0], handed)
