@@ -18,9 +18,13 @@ This measures, same run, each time from HBM (``ops._time_us``):
 - ``ring_bank_{per_pair,grouped}_{gemv,ring}_down_us``: ``moe_ring_gluon`` (its gate_up on the
   ring, per pair or grouped by expert; its down the GEMV's or the ring walk over each token's
   experts), the best of its configs each way, each config checked against the reference
-  first. It runs last, after the JSON of the rest is written: a kernel that faults takes only
-  its own figures with it.
+  first; and each way's best again with ``PAIRS_FIRST`` (the grids pairs or tokens first, so
+  the programs of one row block over every pair run together and an expert several tokens
+  route to comes from L2 after the first read: ``_pairs_first`` in the JSON). It runs last,
+  after the JSON of the rest is written: a kernel that faults takes only its own figures.
 
+The second (9a6de5f; ``h200-probe-moe-ring-down.json``) had both downs and no ``PAIRS_FIRST``:
+ring down 18.7/67.0/107.3 us, GEMV down 19.5/84.8/142.1, GEMV bank 20.5/100.4/188.1.
 The first run (06907eb; ``h200-probe-moe-ring.json``) had the ring gate_up with the GEMV down
 only: 19.3/84.7/142.7 us at T=1/8/16 against the GEMV bank's 19.7/100.0/188.1, and the stacked
 bound 15.5/53.6/93.1, of which the down is 6.0/19.2/32.4 where the GEMV down took 8.5/44/82.
@@ -108,26 +112,34 @@ def main(path):
         x, ids, weights = inputs[row["T"]]
         ref = ops.moe_reference(x, gu, dn, ids, weights)
         row["ring_bank"] = {}
-        for config in moe_ring_gluon.configs(row["T"], INTER, HIDDEN):
+
+        def measure(config, x=x, ids=ids, weights=weights, ref=ref, row=row):
             out = torch.empty_like(x)
             run = functools.partial(moe_ring_gluon.launch, x, *banks, ids, weights, out, config, False)
             run()
             rel = float((out.double() - ref.double()).norm() / ref.double().norm())
             name = ",".join(f"{k}={v}" for k, v in config.items())
             row["ring_bank"][name] = {"rel_err": rel, "us": ops._time_us(run) if rel < 1e-2 else None}
+            return row["ring_bank"][name]["us"]
+
+        timed = {}
+        for config in moe_ring_gluon.configs(row["T"], INTER, HIDDEN):
+            timed[tuple(config.items())] = measure(config)
         for (grouped, way), (ring_down, down) in product(((0, "per_pair"), (1, "grouped")), ((0, "gemv"), (1, "ring"))):
-            timed = {
-                name: c["us"]
-                for name, c in row["ring_bank"].items()
-                if c["us"] is not None
-                and name.startswith(f"GROUPED={grouped},")
-                and ("DOWN_SPLIT" in name) == ring_down
+            these = {
+                c: us
+                for c, us in timed.items()
+                if us is not None and dict(c)["GROUPED"] == grouped and ("DOWN_SPLIT" in dict(c)) == ring_down
             }
             key = f"ring_bank_{way}_{down}_down_us"
-            row[key] = min(timed.values(), default=None)
-            best = min(timed, key=timed.get, default="none")
+            best = min(these, key=these.get, default=None)
+            row[key] = these.get(best)
+            name = ",".join(f"{k}={v}" for k, v in best) if best else "none"
             print(f"T={row['T']:2d}: ring bank, {way:8s}, {down} down {row[key] or float('nan'):6.1f} us"
-                  f" against the GEMV bank's {row['bank_us']:6.1f} ({best})", flush=True)  # fmt: skip
+                  f" against the GEMV bank's {row['bank_us']:6.1f} ({name})", flush=True)  # fmt: skip
+            if best:  # the same config with the pairs (tokens) along the grid's first axis
+                row[f"{key}_pairs_first"] = flipped = measure(dict(best) | {"PAIRS_FIRST": 1})
+                print(f"       pairs first: {flipped or float('nan'):6.1f} us", flush=True)
         write(path, result | {"rows": rows})
 
 

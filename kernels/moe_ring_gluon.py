@@ -24,7 +24,10 @@ pairs of 3.1 M parameters at one token and 64 at eight. So here both GEMMs are o
 H200, Qwen3-30B-A3B's bank (E=128, top-8, 2048 x 768), 9a6de5f
 (``bench/results/h200-probe-moe-ring-down.json``, every config checked against the reference):
 18.7/67.0/107.3 us at 1/8/16 tokens against the GEMV form's 20.5/100.4/188.1; with the GEMV down,
-19.5/84.8/142.1. Per pair won at 1 and 8 tokens, grouped at 16.
+19.5/84.8/142.1. Per pair won at 1 and 8 tokens, grouped at 16. The walk down reads an
+expert once a token routed to it (at 16 tokens 128 experts' rows for about 80 routed);
+``PAIRS_FIRST`` launches every pair of a row block together so the repeats can come from L2.
+Staged: the configs leave it off, ``bench/probe_moe_ring.py`` times each way's best with it.
 """
 
 from __future__ import annotations
@@ -61,6 +64,19 @@ def _gate_up_rows(i, pid_n, N, HALF: gl.constexpr):
 
 
 @gluon.jit
+def _program_block(PAIRS_FIRST: gl.constexpr):
+    """This program's (row block, pair or token). ``PAIRS_FIRST``: the pairs (or tokens) are the
+    grid's first axis, so the programs of one row block over every pair are launched together
+    and an expert that several pairs route to is read from L2 after the first; otherwise the row
+    blocks of one pair are."""
+    if PAIRS_FIRST:
+        rows, pair = gl.program_id(1), gl.program_id(0)
+    else:
+        rows, pair = gl.program_id(0), gl.program_id(1)
+    return rows, pair
+
+
+@gluon.jit
 def moe_gate_up_ring_kernel(
     hidden_ptr,
     words_ptr,
@@ -88,6 +104,7 @@ def moe_gate_up_ring_kernel(
     WARPS: gl.constexpr,
     STAGES: gl.constexpr,
     FOLD_DOWN: gl.constexpr,
+    PAIRS_FIRST: gl.constexpr,
 ):
     """``h[pair, rows] = silu(gate_e @ x_t) * (up_e @ x_t)``, e and t the pair's expert and token;
     weight words and scale words (int32) by expert, row. ``BLOCK_M == 1``: one program a pair
@@ -103,8 +120,7 @@ def moe_gate_up_ring_kernel(
     WORDS_COPY: gl.constexpr = words_copy_layout(WARPS)
     ACTS_COPY: gl.constexpr = acts_copy_layout(WARPS)
 
-    pid_n = gl.program_id(0)
-    pid_m = gl.program_id(1)
+    pid_n, pid_m = _program_block(PAIRS_FIRST)
     xr = gl.arange(0, 4 * BLOCK_M, layout=gl.SliceLayout(1, ACTS_COPY))
     xc = gl.arange(0, 8 * V, layout=gl.SliceLayout(0, ACTS_COPY))
     if BLOCK_M == 1:
@@ -183,6 +199,7 @@ def moe_down_ring_kernel(
     WARPS: gl.constexpr,
     STAGES: gl.constexpr,
     SPLIT_K: gl.constexpr,
+    PAIRS_FIRST: gl.constexpr,
 ):
     """``out[t, rows] = sum_j down_e(j) @ h[t * TOP_K + j]`` over token t's experts, h folded
     (``FOLD_DOWN``), so the sum takes no weights; N output rows, K = inter in ``EXPERT_STEPS``
@@ -197,8 +214,7 @@ def moe_down_ring_kernel(
     ACTS_COPY: gl.constexpr = acts_copy_layout(WARPS)
     WALK: gl.constexpr = gl.BlockedLayout([TOP_K_POW2], [32], [WARPS], [0])  # every thread holds the walk
 
-    pid_n = gl.program_id(0)
-    token = gl.program_id(1)
+    pid_n, token = _program_block(PAIRS_FIRST)
     pid_k = gl.program_id(2)
     word_off, scale_off = _weight_offsets(pid_n, N, stride_wn, stride_sn, BLOCK_N, words_copy_layout(WARPS), SCALES)
     slots = gl.arange(0, TOP_K_POW2, layout=WALK)
@@ -276,7 +292,7 @@ def launch(
         grouping, block_m, tiles = (g.sorted_pairs, g.expert_offsets, g.expert_counts), GROUP_TILE, g.rows // GROUP_TILE
     else:
         grouping, block_m, tiles = (ids, ids, ids), 1, pairs  # unread
-    moe_gate_up_ring_kernel[(triton.cdiv(n, 16 * config["WARPS"]), tiles)](
+    moe_gate_up_ring_kernel[_grid(triton.cdiv(n, 16 * config["WARPS"]), tiles, config)](
         hidden,
         words,
         scale_words,
@@ -301,6 +317,7 @@ def launch(
         WARPS=config["WARPS"],
         STAGES=config["STAGES"],
         FOLD_DOWN=ring_down,
+        PAIRS_FIRST=config.get("PAIRS_FIRST", 0),
         num_warps=config["WARPS"],
     )
     if ring_down:
@@ -308,6 +325,11 @@ def launch(
     warps_k = config["DOWN_WARPS_K"]
     down_layout = {"ROWS": config["DOWN_ROWS"], "GROUPS": 1, "WARPS_N": 4 // warps_k, "WARPS_K": warps_k}
     return moe_gemv_gluon.launch_down(h, down, topk_ids, topk_weights, out, down_layout)
+
+
+def _grid(row_blocks: int, pairs: int, config: dict, *rest: int) -> tuple:
+    """The launch grid of ``_program_block``'s order."""
+    return (pairs, row_blocks, *rest) if config.get("PAIRS_FIRST", 0) else (row_blocks, pairs, *rest)
 
 
 def launch_down(h: torch.Tensor, down: tuple, topk_ids: torch.Tensor, out: torch.Tensor, config: dict) -> torch.Tensor:
@@ -319,7 +341,7 @@ def launch_down(h: torch.Tensor, down: tuple, topk_ids: torch.Tensor, out: torch
     words, scale_words = dn_packed.view(torch.int32), dn_scales.view(torch.uint8).view(torch.int32)
     warps, split = config["DOWN_WARPS"], config["DOWN_SPLIT"]
     target = split_target(out, split)
-    moe_down_ring_kernel[(triton.cdiv(k, 16 * warps), t, split)](
+    moe_down_ring_kernel[_grid(triton.cdiv(k, 16 * warps), t, config, split)](
         h,
         words,
         scale_words,
@@ -340,6 +362,7 @@ def launch_down(h: torch.Tensor, down: tuple, topk_ids: torch.Tensor, out: torch
         WARPS=warps,
         STAGES=config["STAGES"],
         SPLIT_K=split,
+        PAIRS_FIRST=config.get("PAIRS_FIRST", 0),
         num_warps=warps,
     )
     if split > 1:
@@ -353,28 +376,35 @@ WALK_EXPERTS = 8
 
 
 def configs(t: int, n: int, k: int) -> list[dict]:
-    """Up to 16 tokens, K in whole ring steps, on a compiled GPU (Gluon has no interpreter). Per
-    pair or grouped by expert; one, two or four warps (32-128 ring rows: a 768-row expert makes
-    12-48 programs a pair, and one token's eight pairs 96-384 programs for 132 SMs); three or
-    four stages. The down: the two ``moe_gemv_gluon`` layouts that won its own on the H200 (two
-    rows a thread and K split in two at one token, four rows otherwise:
-    ``bench/results/h200-kernels-moe-prefetch2.json``), and where the inter size is whole ring
-    steps the ring walk, 16-64 rows a program, unsplit and split as ``linear_mma.split_ks``
-    offers for its programs (one token's 2048-row down is 32-128 of them)."""
+    """Up to 16 tokens, K in whole ring steps, on a compiled GPU (Gluon has no interpreter).
+
+    What the H200 kept of 96-108 configs a token count (9a6de5f,
+    ``bench/results/h200-probe-moe-ring-down.json``, Qwen3-30B's bank at 1, 8 and 16 tokens):
+    the gate_up per pair or grouped by expert (per pair won at 1 and 8 tokens, grouped at 16),
+    one or two warps (32 or 64 ring rows; four were 3-19% off the best every time), three or
+    four stages. The down where the inter size is whole ring steps: the walk, 16 or 32 rows a
+    program (64 were 2-55% off), unsplit and split as ``linear_mma.split_ks`` offers for its
+    programs (split 4 won at one token, unsplit at 8 and 16); elsewhere the two
+    ``moe_gemv_gluon`` layouts that won its own (two rows a thread and K split in two at one
+    token, four rows otherwise: ``h200-kernels-moe-prefetch2.json``), which lost to the walk
+    by 4/27/32% at 1/8/16 tokens. Fewer configs, a shorter attach: each is compiled and timed
+    at first use."""
     from flashrt.kernels.decode import interpreted
 
     if t > 16 or interpreted() or k % BLOCK_K or n % 16:
         return []
-    downs = [{"DOWN_ROWS": rows, "DOWN_WARPS_K": warps_k} for rows, warps_k in ((2, 2), (4, 1))]
-    if n % BLOCK_K == 0:
-        for warps in (1, 2, 4):
+    if n % BLOCK_K:
+        downs = [{"DOWN_ROWS": rows, "DOWN_WARPS_K": warps_k} for rows, warps_k in ((2, 2), (4, 1))]
+    else:
+        downs = []
+        for warps in (1, 2):
             programs = triton.cdiv(k, 16 * warps) * t
             splits = (1, *split_ks(programs, WALK_EXPERTS * n, BLOCK_K))
             downs += [{"DOWN_WARPS": warps, "DOWN_SPLIT": split} for split in splits]
     return [
         {"GROUPED": grouped, "WARPS": warps, "STAGES": stages, **down}
         for grouped in (0, 1)
-        for warps in (1, 2, 4)
+        for warps in (1, 2)
         for stages in (3, 4)
         for down in downs
     ]

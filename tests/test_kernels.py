@@ -483,8 +483,12 @@ def test_moe_kernel_matches_reference(t, weight_format, device):
 
 # The decode-size expert forms (empty under the interpreter: Gluon needs a compiled GPU).
 DECODE_EXPERT_CASES = [(moe_gemv_gluon, c) for c in moe_gemv_gluon.configs(1, 768, 2048)[::2]]
-# Every 7th of the ring form's 96 (12 gate_up settings x 8 downs): each down, all 12 gate_ups.
-DECODE_EXPERT_CASES += [(moe_ring_gluon, c) for c in moe_ring_gluon.configs(1, 768, 2048)[::7]]
+# The ring form: every 3rd of its walk-down configs at one token (8 gate_up settings x 5 downs:
+# each down, each gate_up), of its GEMV-down ones (an inter size of 48, 8 x 2: each of those),
+# and three with PAIRS_FIRST.
+_RING_WALK = moe_ring_gluon.configs(1, 768, 2048)
+DECODE_EXPERT_CASES += [(moe_ring_gluon, c) for c in _RING_WALK[::3] + moe_ring_gluon.configs(1, 48, 768)[::3]]
+DECODE_EXPERT_CASES += [(moe_ring_gluon, c | {"PAIRS_FIRST": 1}) for c in _RING_WALK[2::13]]
 
 
 @pytest.mark.skipif(not ON_GPU, reason="Gluon has no interpreter; CI builds these kernels for every target")
@@ -563,8 +567,9 @@ def test_ring_expert_down_walks_each_tokens_experts_on_the_folded_h(monkeypatch)
     weights and down global scales into the h the down reads (``FOLD_DOWN``); one down program
     a row block of ``16 * DOWN_WARPS``, a token and a split, its walk ``EXPERT_STEPS`` ring
     steps an expert; split, fp32 partials ``[split, T, hidden]`` that ``linear_mma``'s ordered
-    reduce sums times the bank's first global scale (the one the fold is relative to). An inter
-    size that is not whole ring steps is refused by name, and not offered."""
+    reduce sums times the bank's first global scale (the one the fold is relative to);
+    ``PAIRS_FIRST``, both grids pairs (tokens) first. An inter size that is not whole ring steps
+    is refused by name, and not offered."""
     import triton
 
     calls = []
@@ -576,18 +581,24 @@ def test_ring_expert_down_walks_each_tokens_experts_on_the_folded_h(monkeypatch)
     hidden = torch.randn(t, k, dtype=torch.bfloat16)
     ids, weights = _route(t, e, top_k, "cpu")
     banks = (gu.packed, gu.scales, gu.global_scale), (dn.packed, dn.scales, dn.global_scale)
-    for grouped, warps, split in ((0, 1, 1), (1, 2, 4)):
+    for grouped, warps, split, pairs_first in ((0, 1, 1, 0), (1, 2, 4, 1)):
         calls.clear()
         out = torch.zeros_like(hidden)
         config = {"GROUPED": grouped, "WARPS": 2, "STAGES": 4, "DOWN_WARPS": warps, "DOWN_SPLIT": split}
+        config["PAIRS_FIRST"] = pairs_first
         assert moe_ring_gluon.launch(hidden, *banks, ids, weights, out, config, False) is out
         assert [c[0] for c in calls] == ["gate_up", "down"] + ["reduce"] * (split > 1)
-        (_, _, up_args, up_kwargs), (_, down_grid, down_args, down_kwargs) = calls[:2]
+        (_, up_grid, up_args, up_kwargs), (_, down_grid, down_args, down_kwargs) = calls[:2]
+        tiles = moe_fused.max_rows(t * top_k, e, moe_ring_gluon.GROUP_TILE) // moe_ring_gluon.GROUP_TILE
+        up_blocks = (triton.cdiv(n, 32), tiles if grouped else t * top_k)
+        down_blocks = (triton.cdiv(k, 16 * warps), t)
+        order = slice(None, None, -1 if pairs_first else 1)
+        assert up_grid == up_blocks[order] and down_grid == (*down_blocks[order], split)
+        assert up_kwargs["PAIRS_FIRST"] == down_kwargs["PAIRS_FIRST"] == pairs_first
         assert up_kwargs["FOLD_DOWN"] is True
         assert torch.equal(up_args[8], weights.reshape(-1)) and up_args[9] is dn.global_scale
         h = up_args[10]
         assert h.shape == (t * top_k, n) and h.is_contiguous() and down_args[0] is h
-        assert down_grid == (triton.cdiv(k, 16 * warps), t, split)
         assert down_args[1].dtype == torch.int32 and torch.equal(down_args[1].view(torch.uint8), dn.packed)
         assert torch.equal(down_args[2].view(torch.uint8), dn.scales.view(torch.uint8))
         assert down_args[3] is dn.global_scale and torch.equal(down_args[4], ids.reshape(-1))
@@ -604,6 +615,7 @@ def test_ring_expert_down_walks_each_tokens_experts_on_the_folded_h(monkeypatch)
             assert down_args[5] is out
     gu, dn = _bank(e, 48, k, "cpu")
     assert not any("DOWN_SPLIT" in c for c in moe_ring_gluon.configs(t, 48, k))
+    assert all("DOWN_SPLIT" in c for c in moe_ring_gluon.configs(t, 512, k)), "the walk won wherever it applies"
     with pytest.raises(ValueError, match="inter size"):
         banks = (gu.packed, gu.scales, gu.global_scale), (dn.packed, dn.scales, dn.global_scale)
         moe_ring_gluon.launch(hidden, *banks, ids, weights, out, config, False)
