@@ -20,7 +20,9 @@ This measures, same run, each time from HBM (``ops._time_us``):
   experts), the best of its configs each way, each config checked against the reference
   first; and each way's best again with ``PAIRS_FIRST`` (the grids pairs or tokens first, so
   the programs of one row block over every pair run together and an expert several tokens
-  route to comes from L2 after the first read: ``_pairs_first`` in the JSON). It runs last,
+  route to comes from L2 after the first read: ``_pairs_first`` in the JSON), and the best
+  walk's config with its down grouped by expert (``DOWN_GROUPED``, staged), both grid orders:
+  ``ring_bank_{way}_grouped_down_us[_pairs_first]``. It runs last,
   after the JSON of the rest is written: a kernel that faults takes only its own figures.
 
 The second (9a6de5f; ``h200-probe-moe-ring-down.json``) had both downs and no ``PAIRS_FIRST``:
@@ -129,7 +131,7 @@ def main(path):
             these = {
                 c: us
                 for c, us in timed.items()
-                if us is not None and dict(c)["GROUPED"] == grouped and ("DOWN_SPLIT" in dict(c)) == ring_down
+                if us is not None and dict(c)["GROUPED"] == grouped and ("DOWN_WARPS" in dict(c)) == ring_down
             }
             key = f"ring_bank_{way}_{down}_down_us"
             best = min(these, key=these.get, default=None)
@@ -140,6 +142,13 @@ def main(path):
             if best:  # the same config with the pairs (tokens) along the grid's first axis
                 row[f"{key}_pairs_first"] = flipped = measure(dict(best) | {"PAIRS_FIRST": 1})
                 print(f"       pairs first: {flipped or float('nan'):6.1f} us", flush=True)
+            if best and ring_down:  # and its down grouped by expert instead of the walk
+                grouped_down = {k: v for k, v in best if k != "DOWN_SPLIT"} | {"DOWN_GROUPED": 1}
+                for pairs_first in (0, 1):
+                    suffix = "_pairs_first" * pairs_first
+                    us = measure(grouped_down | {"PAIRS_FIRST": pairs_first})
+                    row[f"ring_bank_{way}_grouped_down_us{suffix}"] = us
+                    print(f"       down grouped by expert{suffix.replace('_', ' ')}: {us or float('nan'):6.1f} us")
         write(path, result | {"rows": rows})
 
 

@@ -191,6 +191,20 @@ _MOE_DOWN_RING_SIG = {
     "TOP_K": "i32",
     "stride_om": "i32",
 } | _MOE_GEMV_COMMON
+_MOE_DOWN_GROUPED_RING_SIG = {
+    "h_ptr": "*bf16",
+    "words_ptr": "*i32",
+    "scales_ptr": "*i32",
+    "sorted_pairs_ptr": "*i32",
+    "expert_offsets_ptr": "*i32",
+    "expert_counts_ptr": "*i32",
+    "partials_ptr": "*fp32",
+    "M": "i32",
+    "N": "i32",
+    "K": "i32",
+    "E": "i32",
+    "TOP_K": "i32",
+} | _MOE_GEMV_COMMON
 _MOE_DOWN_GEMV_SIG = {
     "h_ptr": "*bf16",
     "words_ptr": "*i32",
@@ -408,7 +422,7 @@ def builds() -> Iterator[Build]:
         ring = moe_ring_gluon.configs(t, 768, 2048) + moe_ring_gluon.configs(t, 48, 2048)  # walk, GEMV downs
         for cfg, pairs_first in product(ring, (0, 1)):
             block_m = moe_ring_gluon.GROUP_TILE if cfg["GROUPED"] else 1
-            ring_down = "DOWN_SPLIT" in cfg
+            ring_down = "DOWN_WARPS" in cfg
             consts = {"BLOCK_M": block_m, "E_POW2": 128, "WARPS": cfg["WARPS"], "STAGES": cfg["STAGES"]}
             consts |= {"FOLD_DOWN": ring_down, "PAIRS_FIRST": pairs_first}
             fn = moe_ring_gluon.moe_gate_up_ring_kernel
@@ -420,6 +434,11 @@ def builds() -> Iterator[Build]:
                 sig, consts = _split_build(_MOE_DOWN_RING_SIG, consts, cfg["DOWN_SPLIT"])
                 fn = moe_ring_gluon.moe_down_ring_kernel
                 yield from unique(Build("moe_down_ring", fn, sig, consts, cfg["DOWN_WARPS"], 1))
+                consts = {"BLOCK_M": moe_ring_gluon.GROUP_TILE, "E_POW2": 128, "WARPS": cfg["DOWN_WARPS"]}
+                consts |= {"STAGES": cfg["STAGES"], "PAIRS_FIRST": pairs_first}
+                fn = moe_ring_gluon.moe_down_grouped_ring_kernel
+                sig = _with_constexprs(_MOE_DOWN_GROUPED_RING_SIG, consts)
+                yield from unique(Build("moe_down_grouped_ring", fn, sig, consts, cfg["DOWN_WARPS"], 1))
     for t in _TOKENS:
         for cfg, even_k in product(moe_w4a4.configs(t, 768, 2048), (True, False)):
             common = {"EVEN_K": even_k, "INTERPRETED": False, "E_POW2": 128, "BLOCK_M": cfg["BLOCK_M"]}

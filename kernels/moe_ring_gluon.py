@@ -26,8 +26,10 @@ H200, Qwen3-30B-A3B's bank (E=128, top-8, 2048 x 768), 9a6de5f
 18.7/67.0/107.3 us at 1/8/16 tokens against the GEMV form's 20.5/100.4/188.1; with the GEMV down,
 19.5/84.8/142.1. Per pair won at 1 and 8 tokens, grouped at 16. The walk down reads an
 expert once a token routed to it (at 16 tokens 128 experts' rows for about 80 routed);
-``PAIRS_FIRST`` launches every pair of a row block together so the repeats can come from L2.
-Staged: the configs leave it off, ``bench/probe_moe_ring.py`` times each way's best with it.
+two ways staged to cut that, which the configs leave out and ``bench/probe_moe_ring.py``
+times on each way's best config: ``PAIRS_FIRST`` launches every pair of a row block together so
+the repeats can come from L2, and ``DOWN_GROUPED`` reads each routed expert once for all its
+pairs (``moe_down_grouped_ring_kernel``: fp32 partials a pair, then the ordered reduce).
 """
 
 from __future__ import annotations
@@ -74,6 +76,22 @@ def _program_block(PAIRS_FIRST: gl.constexpr):
     else:
         rows, pair = gl.program_id(0), gl.program_id(1)
     return rows, pair
+
+
+@gluon.jit
+def _tile_run(
+    pid_m, expert_offsets_ptr, expert_counts_ptr, E, E_POW2: gl.constexpr, BLOCK_M: gl.constexpr, WARPS: gl.constexpr
+):
+    """Tile ``pid_m`` of ``moe_fused.group_pairs``' layout: its first row, its expert (E - 1 past
+    the last run), where that expert's pairs end, and whether the tile holds any (past the
+    last run it has no steps and stores nothing)."""
+    row_start = pid_m * BLOCK_M
+    offs_e = gl.arange(0, E_POW2, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
+    ends = gl.load(expert_offsets_ptr + 1 + offs_e, mask=offs_e < E, other=2**30)
+    e = gl.sum((ends <= row_start).to(gl.int32), axis=0)  # E past the last run
+    expert = gl.minimum(e, E - 1).to(gl.int64)
+    valid_end = gl.load(expert_offsets_ptr + expert) + gl.load(expert_counts_ptr + expert)
+    return row_start, expert, valid_end, e < E
 
 
 @gluon.jit
@@ -129,16 +147,13 @@ def moe_gate_up_ring_kernel(
         x_valid = xr < 4
         steps = K // BLOCK_K
     else:
-        row_start = pid_m * BLOCK_M
-        offs_e = gl.arange(0, E_POW2, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
-        ends = gl.load(expert_offsets_ptr + 1 + offs_e, mask=offs_e < E, other=2**30)
-        e = gl.sum((ends <= row_start).to(gl.int32), axis=0)  # E past the last run
-        expert = gl.minimum(e, E - 1).to(gl.int64)
-        valid_end = gl.load(expert_offsets_ptr + expert) + gl.load(expert_counts_ptr + expert)
+        row_start, expert, valid_end, has_run = _tile_run(
+            pid_m, expert_offsets_ptr, expert_counts_ptr, E, E_POW2, BLOCK_M, WARPS
+        )
         x_rows = row_start + xr // 4
         x_valid = x_rows < valid_end
         x_tokens = gl.load(sorted_pairs_ptr + x_rows, mask=x_valid, other=0) // TOP_K
-        steps = (K // BLOCK_K) * (e < E).to(gl.int32)
+        steps = (K // BLOCK_K) * has_run.to(gl.int32)
 
     wr = gl.arange(0, 2 * HALF, layout=gl.SliceLayout(1, WORDS_COPY))
     wc = gl.arange(0, 4 * V, layout=gl.SliceLayout(0, WORDS_COPY))
@@ -242,6 +257,68 @@ def moe_down_ring_kernel(
     )  # fmt: skip
 
 
+@gluon.jit
+def moe_down_grouped_ring_kernel(
+    h_ptr,
+    words_ptr,
+    scales_ptr,
+    sorted_pairs_ptr,
+    expert_offsets_ptr,
+    expert_counts_ptr,
+    partials_ptr,
+    M,
+    N,
+    K,
+    E,
+    TOP_K,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    BLOCK_M: gl.constexpr,
+    E_POW2: gl.constexpr,
+    WARPS: gl.constexpr,
+    STAGES: gl.constexpr,
+    PAIRS_FIRST: gl.constexpr,
+):
+    """Staged, not in ``configs``: the down grouped by expert, ``partials[j, t, rows] = down_e @
+    h[t * TOP_K + j]`` for the pairs of one expert's tile, the expert read once for all of them
+    (the walk reads it once a token). h folded, so ``linear_mma``'s ordered reduce over j is the
+    bank's output. One program a (row block of ``16 * WARPS``, ``BLOCK_M``-pair tile)."""
+    BLOCK_N: gl.constexpr = 16 * WARPS
+    BLOCK_K: gl.constexpr = 32 * V
+    ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
+    SCALES: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, words_layout(1, WARPS)))
+    ACTS_COPY: gl.constexpr = acts_copy_layout(WARPS)
+
+    pid_n, pid_m = _program_block(PAIRS_FIRST)
+    row_start, expert, valid_end, has_run = _tile_run(
+        pid_m, expert_offsets_ptr, expert_counts_ptr, E, E_POW2, BLOCK_M, WARPS
+    )
+    word_off, scale_off = _weight_offsets(pid_n, N, stride_wn, stride_sn, BLOCK_N, words_copy_layout(WARPS), SCALES)
+    xr = gl.arange(0, 4 * BLOCK_M, layout=gl.SliceLayout(1, ACTS_COPY))
+    xc = gl.arange(0, 8 * V, layout=gl.SliceLayout(0, ACTS_COPY))
+    x_rows = row_start + xr // 4
+    x_valid = x_rows < valid_end
+    x_pairs = gl.load(sorted_pairs_ptr + x_rows, mask=x_valid, other=0)
+    x_off = _activation_offsets(x_pairs, xr, xc, K)
+    steps = (K // BLOCK_K) * has_run.to(gl.int32)
+    acc = _ring_product(
+        h_ptr, words_ptr, scales_ptr, word_off + expert * stride_we, scale_off + expert * stride_se, x_off,
+        gl.expand_dims(x_valid, 1), 0, steps, BLOCK_M, 1, WARPS, STAGES,
+    )  # fmt: skip
+
+    offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
+    column = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ACC))
+    rows = row_start + column
+    column_valid = rows < valid_end
+    pairs = gl.load(sorted_pairs_ptr + rows, mask=column_valid, other=0)
+    partial_rows = ((pairs % TOP_K) * M + pairs // TOP_K).to(gl.int64)
+    mask = gl.expand_dims(offs_n < N, 1) & gl.expand_dims(column_valid, 0)
+    out = partials_ptr + gl.expand_dims(partial_rows * N, 0) + gl.expand_dims(offs_n, 1)
+    gl.store(out, acc * _EPILOGUE_FACTOR, mask=mask)
+
+
 # A grouped tile is the MMA's 8 columns: fewer tokens would compute 8 anyway, and at up to 16
 # tokens (128 pairs over 128 experts) one tile holds every pair of an expert but the rarest.
 GROUP_TILE = 8
@@ -258,9 +335,10 @@ def launch(
     use_prmt: bool,
 ) -> torch.Tensor:
     """The ring gate_up (after ``moe_fused``'s grouping, grouped), then the down: on the ring
-    (``DOWN_SPLIT`` in the config; split, plus the ordered reduce) or ``moe_gemv_gluon``'s.
-    bf16 activations, K in whole ring steps (``configs`` offers nothing else)."""
-    ring_down = "DOWN_SPLIT" in config
+    (``DOWN_WARPS`` in the config: the walk, split or not, or grouped by expert; then the
+    ordered reduce where split or grouped) or ``moe_gemv_gluon``'s. bf16 activations, K in
+    whole ring steps (``configs`` offers nothing else)."""
+    ring_down = "DOWN_WARPS" in config
     n = gate_up[0].shape[1] // 2
     if ring_down and n % BLOCK_K:
         raise ValueError(
@@ -287,8 +365,8 @@ def launch(
     h = torch.empty(pairs, n, dtype=torch.bfloat16, device=hidden.device)
     words, scale_words = gu_packed.view(torch.int32), gu_scales.view(torch.uint8).view(torch.int32)
     ids = topk_ids.reshape(-1)
+    g = moe_fused.group_pairs(topk_ids, experts, GROUP_TILE) if config["GROUPED"] or "DOWN_GROUPED" in config else None
     if config["GROUPED"]:
-        g = moe_fused.group_pairs(topk_ids, experts, GROUP_TILE)
         grouping, block_m, tiles = (g.sorted_pairs, g.expert_offsets, g.expert_counts), GROUP_TILE, g.rows // GROUP_TILE
     else:
         grouping, block_m, tiles = (ids, ids, ids), 1, pairs  # unread
@@ -321,7 +399,7 @@ def launch(
         num_warps=config["WARPS"],
     )
     if ring_down:
-        return launch_down(h, down, topk_ids, out, config)
+        return launch_down(h, down, topk_ids, out, config, g)
     warps_k = config["DOWN_WARPS_K"]
     down_layout = {"ROWS": config["DOWN_ROWS"], "GROUPS": 1, "WARPS_N": 4 // warps_k, "WARPS_K": warps_k}
     return moe_gemv_gluon.launch_down(h, down, topk_ids, topk_weights, out, down_layout)
@@ -332,14 +410,46 @@ def _grid(row_blocks: int, pairs: int, config: dict, *rest: int) -> tuple:
     return (pairs, row_blocks, *rest) if config.get("PAIRS_FIRST", 0) else (row_blocks, pairs, *rest)
 
 
-def launch_down(h: torch.Tensor, down: tuple, topk_ids: torch.Tensor, out: torch.Tensor, config: dict) -> torch.Tensor:
-    """The ring down on the folded ``h [pairs, N]``: a program a (row block of ``16 *
-    DOWN_WARPS`` rows, token, split), the ring's stages the gate_up's."""
+def launch_down(
+    h: torch.Tensor, down: tuple, topk_ids: torch.Tensor, out: torch.Tensor, config: dict, grouping=None
+) -> torch.Tensor:
+    """The ring down on the folded ``h [pairs, N]``, ``16 * DOWN_WARPS`` rows a program, the
+    ring's stages the gate_up's: the walk, a program a (row block, token, split); or grouped
+    (``DOWN_GROUPED``, on ``grouping``), a program a (row block, tile), fp32 partials a pair."""
     dn_packed, dn_scales, dn_global = down
     t, top_k = topk_ids.shape
     k, n = dn_packed.shape[1], h.shape[1]
     words, scale_words = dn_packed.view(torch.int32), dn_scales.view(torch.uint8).view(torch.int32)
-    warps, split = config["DOWN_WARPS"], config["DOWN_SPLIT"]
+    warps = config["DOWN_WARPS"]
+    if "DOWN_GROUPED" in config:
+        partials = torch.empty(top_k, t, k, dtype=torch.float32, device=out.device)
+        moe_down_grouped_ring_kernel[_grid(triton.cdiv(k, 16 * warps), grouping.rows // GROUP_TILE, config)](
+            h,
+            words,
+            scale_words,
+            grouping.sorted_pairs,
+            grouping.expert_offsets,
+            grouping.expert_counts,
+            partials,
+            t,
+            k,
+            n,
+            dn_packed.shape[0],
+            top_k,
+            words.stride(0),
+            words.stride(1),
+            scale_words.stride(0),
+            scale_words.stride(1),
+            BLOCK_M=GROUP_TILE,
+            E_POW2=triton.next_power_of_2(dn_packed.shape[0]),
+            WARPS=warps,
+            STAGES=config["STAGES"],
+            PAIRS_FIRST=config.get("PAIRS_FIRST", 0),
+            num_warps=warps,
+        )
+        reduce_splits(partials, dn_global, None, out)
+        return out
+    split = config["DOWN_SPLIT"]
     target = split_target(out, split)
     moe_down_ring_kernel[_grid(triton.cdiv(k, 16 * warps), t, config, split)](
         h,

@@ -489,6 +489,10 @@ DECODE_EXPERT_CASES = [(moe_gemv_gluon, c) for c in moe_gemv_gluon.configs(1, 76
 _RING_WALK = moe_ring_gluon.configs(1, 768, 2048)
 DECODE_EXPERT_CASES += [(moe_ring_gluon, c) for c in _RING_WALK[::3] + moe_ring_gluon.configs(1, 48, 768)[::3]]
 DECODE_EXPERT_CASES += [(moe_ring_gluon, c | {"PAIRS_FIRST": 1}) for c in _RING_WALK[2::13]]
+DECODE_EXPERT_CASES += [  # the staged grouped down, both ways of grouping the gate_up
+    (moe_ring_gluon, {"GROUPED": g, "WARPS": 2, "STAGES": s, "DOWN_WARPS": w, "DOWN_GROUPED": 1, "PAIRS_FIRST": p})
+    for g, s, w, p in ((0, 3, 1, 0), (1, 4, 2, 1), (1, 3, 1, 0))
+]
 
 
 @pytest.mark.skipif(not ON_GPU, reason="Gluon has no interpreter; CI builds these kernels for every target")
@@ -501,7 +505,7 @@ def test_decode_expert_forms_match_reference(t, form, config, device):
     down walks whole ring steps of N: 512 there, two steps an expert, so its splits of the
     8-step walk at one token (4 and 8) cut through experts."""
     e, k, top_k = 16, 768, 4
-    n = 512 if "DOWN_SPLIT" in config else 48
+    n = 512 if "DOWN_WARPS" in config else 48
     gu, dn = _bank(e, n, k, device)
     hidden = torch.randn(t, k, dtype=torch.bfloat16, device=device)
     ids, weights = _route(t, e, top_k, device)
@@ -568,13 +572,16 @@ def test_ring_expert_down_walks_each_tokens_experts_on_the_folded_h(monkeypatch)
     a row block of ``16 * DOWN_WARPS``, a token and a split, its walk ``EXPERT_STEPS`` ring
     steps an expert; split, fp32 partials ``[split, T, hidden]`` that ``linear_mma``'s ordered
     reduce sums times the bank's first global scale (the one the fold is relative to);
-    ``PAIRS_FIRST``, both grids pairs (tokens) first. An inter size that is not whole ring steps
+    ``PAIRS_FIRST``, both grids pairs (tokens) first. Grouped (``DOWN_GROUPED``, staged): a
+    program a row block and tile of the pairs grouped by expert, fp32 partials a pair
+    ``[top_k, T, hidden]``, the same reduce. An inter size that is not whole ring steps
     is refused by name, and not offered."""
     import triton
 
     calls = []
     monkeypatch.setattr(moe_ring_gluon, "moe_gate_up_ring_kernel", _Recorder(calls, "gate_up"))
     monkeypatch.setattr(moe_ring_gluon, "moe_down_ring_kernel", _Recorder(calls, "down"))
+    monkeypatch.setattr(moe_ring_gluon, "moe_down_grouped_ring_kernel", _Recorder(calls, "down_grouped"))
     monkeypatch.setattr(linear_mma, "splitk_reduce_kernel", _Recorder(calls, "reduce"))
     e, n, k, top_k, t = 6, 512, 512, 3, 5
     gu, dn = _bank(e, n, k, "cpu")
@@ -613,9 +620,24 @@ def test_ring_expert_down_walks_each_tokens_experts_on_the_folded_h(monkeypatch)
             assert reduce_args[0] is partials and reduce_args[1] is dn.global_scale and reduce_args[3] is out
         else:
             assert down_args[5] is out
+    calls.clear()
+    config = {"GROUPED": 0, "WARPS": 2, "STAGES": 3, "DOWN_WARPS": 2, "DOWN_GROUPED": 1}
+    assert moe_ring_gluon.launch(hidden, *banks, ids, weights, out, config, False) is out
+    assert [c[0] for c in calls] == ["gate_up", "down_grouped", "reduce"]
+    (_, _, up_args, up_kwargs), (_, grid, args, kwargs), (_, _, reduce_args, _) = calls
+    assert up_kwargs["FOLD_DOWN"] is True and up_kwargs["BLOCK_M"] == 1 and args[0] is up_args[10]
+    assert grid == (triton.cdiv(k, 32), tiles)
+    sorted_pairs, offsets, counts = args[3:6]
+    for expert in range(e):
+        run = sorted_pairs[offsets[expert] : offsets[expert] + counts[expert]]
+        assert sorted(run.tolist()) == (ids.reshape(-1) == expert).nonzero().flatten().tolist()
+    partials = args[6]
+    assert partials.shape == (top_k, t, k) and partials.dtype == torch.float32
+    assert args[7:12] == (t, k, n, e, top_k) and (kwargs["BLOCK_M"], kwargs["WARPS"]) == (8, 2)
+    assert reduce_args[0] is partials and reduce_args[1] is dn.global_scale and reduce_args[3] is out
     gu, dn = _bank(e, 48, k, "cpu")
-    assert not any("DOWN_SPLIT" in c for c in moe_ring_gluon.configs(t, 48, k))
-    assert all("DOWN_SPLIT" in c for c in moe_ring_gluon.configs(t, 512, k)), "the walk won wherever it applies"
+    assert not any("DOWN_WARPS" in c for c in moe_ring_gluon.configs(t, 48, k))
+    assert all("DOWN_WARPS" in c for c in moe_ring_gluon.configs(t, 512, k)), "the walk won wherever it applies"
     with pytest.raises(ValueError, match="inter size"):
         banks = (gu.packed, gu.scales, gu.global_scale), (dn.packed, dn.scales, dn.global_scale)
         moe_ring_gluon.launch(hidden, *banks, ids, weights, out, config, False)
