@@ -443,6 +443,17 @@ def _bank(e, n, k, device):
     )
 
 
+def _tuples(*banks):
+    """Banks as the launchers take them: (packed, scales, global_scale) each."""
+    return tuple((b.packed, b.scales, b.global_scale) for b in banks)
+
+
+def _cpu_expert_case(e, n, k, top_k, t):
+    """An expert bank, hidden states and a routing on the CPU, for the launcher tests."""
+    gu, dn = _bank(e, n, k, "cpu")
+    return gu, dn, torch.randn(t, k, dtype=torch.bfloat16), *_route(t, e, top_k, "cpu")
+
+
 def _route(t, e, top_k, device):
     w, ids = torch.topk(torch.randn(t, e, device=device).softmax(-1), top_k)
     return ids, (w / w.sum(-1, keepdim=True)).to(torch.bfloat16)
@@ -529,10 +540,8 @@ def test_expert_launchers_hand_their_kernels_the_pairs_words_and_one_h(monkeypat
     monkeypatch.setattr(moe_ring_gluon, "moe_gate_up_ring_kernel", _Recorder(calls, "gate_up"))
     monkeypatch.setattr(moe_gemv_gluon, "moe_down_gemv_kernel", _Recorder(calls, "down"))
     e, n, k, top_k, t = 6, 80, 512, 2, 3
-    gu, dn = _bank(e, n, k, "cpu")
-    hidden = torch.randn(t, k, dtype=torch.bfloat16)
-    ids, weights = _route(t, e, top_k, "cpu")
-    banks = (gu.packed, gu.scales, gu.global_scale), (dn.packed, dn.scales, dn.global_scale)
+    gu, dn, hidden, ids, weights = _cpu_expert_case(e, n, k, top_k, t)
+    banks = _tuples(gu, dn)
     ring = {"WARPS": 2, "STAGES": 3, "DOWN_ROWS": 2, "DOWN_WARPS_K": 2}
     tiles = moe_fused.max_rows(t * top_k, e, moe_ring_gluon.GROUP_TILE) // moe_ring_gluon.GROUP_TILE
     forms = (  # the form, its config, gate rows and down rows a program, programs along the pairs, where h is
@@ -584,10 +593,8 @@ def test_ring_expert_down_walks_each_tokens_experts_on_the_folded_h(monkeypatch)
     monkeypatch.setattr(moe_ring_gluon, "moe_down_grouped_ring_kernel", _Recorder(calls, "down_grouped"))
     monkeypatch.setattr(linear_mma, "splitk_reduce_kernel", _Recorder(calls, "reduce"))
     e, n, k, top_k, t = 6, 512, 512, 3, 5
-    gu, dn = _bank(e, n, k, "cpu")
-    hidden = torch.randn(t, k, dtype=torch.bfloat16)
-    ids, weights = _route(t, e, top_k, "cpu")
-    banks = (gu.packed, gu.scales, gu.global_scale), (dn.packed, dn.scales, dn.global_scale)
+    gu, dn, hidden, ids, weights = _cpu_expert_case(e, n, k, top_k, t)
+    banks = _tuples(gu, dn)
     for grouped, warps, split, pairs_first in ((0, 1, 1, 0), (1, 2, 4, 1)):
         calls.clear()
         out = torch.zeros_like(hidden)
@@ -639,7 +646,7 @@ def test_ring_expert_down_walks_each_tokens_experts_on_the_folded_h(monkeypatch)
     assert not any("DOWN_WARPS" in c for c in moe_ring_gluon.configs(t, 48, k))
     assert all("DOWN_WARPS" in c for c in moe_ring_gluon.configs(t, 512, k)), "the walk won wherever it applies"
     with pytest.raises(ValueError, match="inter size"):
-        banks = (gu.packed, gu.scales, gu.global_scale), (dn.packed, dn.scales, dn.global_scale)
+        banks = _tuples(gu, dn)
         moe_ring_gluon.launch(hidden, *banks, ids, weights, out, config, False)
 
 
