@@ -182,7 +182,6 @@ _MOE_DOWN_RING_SIG = {
     "h_ptr": "*bf16",
     "words_ptr": "*i32",
     "scales_ptr": "*i32",
-    "global_scale_ptr": "*fp32",
     "topk_ids_ptr": "*i64",
     "out_ptr": "*bf16",
     "M": "i32",
@@ -392,8 +391,8 @@ def builds() -> Iterator[Build]:
             yield from unique(
                 Build("moe_group", moe_fused.moe_group_kernel, _with_constexprs(_GROUP_SIG, consts), consts, 4, 1)
             )
-    for has_bias in (False, True):
-        consts = {"SPLIT_K": 4, "HAS_BIAS": has_bias, "BLOCK": linear_mma.REDUCE_BLOCK}
+    for has_scale, has_bias in ((True, False), (True, True), (False, False)):
+        consts = {"SPLIT_K": 4, "HAS_SCALE": has_scale, "HAS_BIAS": has_bias, "BLOCK": linear_mma.REDUCE_BLOCK}
         fn = linear_mma.splitk_reduce_kernel
         yield from unique(Build("splitk_reduce", fn, _with_constexprs(_SPLITK_REDUCE_SIG, consts), consts, 4, 1))
     for cfg, even_k in product(linear_dequant.configs(linear_dequant.MIN_ROWS, 4096, 4096), (True, False)):

@@ -102,6 +102,7 @@ def splitk_reduce_kernel(
     N,
     stride_om,
     SPLIT_K: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -111,7 +112,8 @@ def splitk_reduce_kernel(
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
     for split in range(SPLIT_K):
         acc += tl.load(part_ptr + (split * M + row) * N + offs, mask=mask, other=0.0)
-    acc = acc * tl.load(global_scale_ptr)
+    if HAS_SCALE:
+        acc = acc * tl.load(global_scale_ptr)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * stride_om + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
@@ -129,13 +131,15 @@ def split_target(out: torch.Tensor, split: int) -> torch.Tensor:
 
 
 def reduce_splits(
-    partials: torch.Tensor, global_scale: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor
+    partials: torch.Tensor, global_scale: torch.Tensor | None, bias: torch.Tensor | None, out: torch.Tensor
 ) -> None:
-    """``out = sum of partials in split order * global_scale + bias``: one launch, deterministic."""
+    """``out = sum of partials in split order * global_scale + bias``: one launch, deterministic.
+    No global scale: the partials carry theirs (the ring expert downs fold them into h)."""
     split, m, n = partials.shape
     splitk_reduce_kernel[(m, triton.cdiv(n, REDUCE_BLOCK))](
-        partials, global_scale, bias if bias is not None else out, out, m, n, out.stride(0),
-        SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=REDUCE_BLOCK, num_warps=4,
+        partials, global_scale if global_scale is not None else out, bias if bias is not None else out, out, m, n,
+        out.stride(0), SPLIT_K=split, HAS_SCALE=global_scale is not None, HAS_BIAS=bias is not None,
+        BLOCK=REDUCE_BLOCK, num_warps=4,
     )  # fmt: skip
 
 

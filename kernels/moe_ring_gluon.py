@@ -14,7 +14,7 @@ pairs of 3.1 M parameters at one token and 64 at eight. So here both GEMMs are o
    are its gate rows, then the same up rows (the ring form's two row tiles), so each thread
    holds the gate and up outputs of the same rows and the SiLU-and-mul needs no data moved;
    ``h [pairs, N]`` in pair order either way, each row times its routing weight and its
-   expert's down global scale (over expert 0's) where the ring down follows;
+   expert's down global scale where the ring down follows;
 3. ``down``: the ring walking each token's experts one after the other (one program a row
    block and token; split along the walk at one token, then ``linear_mma``'s ordered reduce):
    the copies run ahead across experts, where the GEMV down waited on each expert's first
@@ -45,7 +45,6 @@ from flashrt.kernels.linear_mma_gluon import (
     _activation_offsets,
     _copyable,
     _ring_product,
-    _store_tile,
     _weight_offsets,
     acts_copy_layout,
     aligned_activations,
@@ -129,8 +128,8 @@ def moe_gate_up_ring_kernel(
     (``topk_ids``). Else grouped: one program a ``BLOCK_M``-row tile of ``moe_fused.group_pairs``'
     layout, the pairs of one expert, which it reads once for all of them; past the last run a
     program has no steps and stores nothing. ``FOLD_DOWN``: each pair's row of h times its
-    routing weight and its expert's down global scale over expert 0's, what the ring down
-    (``moe_down_ring_kernel``) sums as they are."""
+    routing weight and its expert's down global scale, what the ring downs sum as they are (a
+    global scale of 0, an expert a checkpoint pruned, then adds nothing)."""
     HALF: gl.constexpr = 16 * WARPS  # a row tile of gate rows, then one of up rows
     BLOCK_K: gl.constexpr = 32 * V
     MMA_M: gl.constexpr = mma_tokens(BLOCK_M)
@@ -184,9 +183,8 @@ def moe_gate_up_ring_kernel(
         column_valid = (column < BLOCK_M) & (rows < valid_end)
         pairs = gl.load(sorted_pairs_ptr + rows, mask=column_valid, other=0)
     if FOLD_DOWN:
-        down_scale = gl.load(down_global_scale_ptr + expert) / gl.load(down_global_scale_ptr)
         routed = gl.load(topk_weights_ptr + pairs, mask=column_valid, other=0.0).to(gl.float32)
-        h = h * gl.expand_dims(routed * down_scale, 0)
+        h = h * gl.expand_dims(routed * gl.load(down_global_scale_ptr + expert), 0)
     mask = gl.expand_dims(offs_n < N, 1) & gl.expand_dims(column_valid, 0)
     out = h_ptr + gl.expand_dims(pairs.to(gl.int64) * stride_hm, 0) + gl.expand_dims(offs_n, 1)
     gl.store(out, h.to(h_ptr.dtype.element_ty), mask=mask)
@@ -197,7 +195,6 @@ def moe_down_ring_kernel(
     h_ptr,
     words_ptr,
     scales_ptr,
-    global_scale_ptr,
     topk_ids_ptr,
     out_ptr,
     M,
@@ -251,10 +248,12 @@ def moe_down_ring_kernel(
     offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
     column = gl.arange(0, 8, layout=gl.SliceLayout(0, ACC))
     mask = gl.expand_dims(offs_n < N, 1) & gl.expand_dims(column < 1, 0)
-    _store_tile(
-        acc, offs_n, token + column * 0, mask, out_ptr, global_scale_ptr, global_scale_ptr, pid_k, M, N, stride_om,
-        False, SPLIT_K,
-    )  # fmt: skip
+    rows = gl.expand_dims(offs_n, 1) + gl.expand_dims(column * 0, 0)
+    acc = acc * _EPILOGUE_FACTOR  # the global scales are in h
+    if SPLIT_K > 1:  # fp32 partials [SPLIT_K, M, N]
+        gl.store(out_ptr + (pid_k * M + token).to(gl.int64) * N + rows, acc, mask=mask)
+    else:
+        gl.store(out_ptr + token.to(gl.int64) * stride_om + rows, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @gluon.jit
@@ -416,7 +415,7 @@ def launch_down(
     """The ring down on the folded ``h [pairs, N]``, ``16 * DOWN_WARPS`` rows a program, the
     ring's stages the gate_up's: the walk, a program a (row block, token, split); or grouped
     (``DOWN_GROUPED``, on ``grouping``), a program a (row block, tile), fp32 partials a pair."""
-    dn_packed, dn_scales, dn_global = down
+    dn_packed, dn_scales, _ = down  # the global scales are folded into h
     t, top_k = topk_ids.shape
     k, n = dn_packed.shape[1], h.shape[1]
     words, scale_words = dn_packed.view(torch.int32), dn_scales.view(torch.uint8).view(torch.int32)
@@ -447,7 +446,7 @@ def launch_down(
             PAIRS_FIRST=config.get("PAIRS_FIRST", 0),
             num_warps=warps,
         )
-        reduce_splits(partials, dn_global, None, out)
+        reduce_splits(partials, None, None, out)
         return out
     split = config["DOWN_SPLIT"]
     target = split_target(out, split)
@@ -455,7 +454,6 @@ def launch_down(
         h,
         words,
         scale_words,
-        dn_global,
         topk_ids.reshape(-1),
         target,
         t,
@@ -476,7 +474,7 @@ def launch_down(
         num_warps=warps,
     )
     if split > 1:
-        reduce_splits(target, dn_global, None, out)
+        reduce_splits(target, None, None, out)
     return out
 
 

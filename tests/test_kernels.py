@@ -269,8 +269,9 @@ def test_ring_launchers_hand_their_kernels_words_tiles_and_splits(monkeypatch):
     for mod, config, handed in forms:
         out = torch.zeros(130, 1000, dtype=torch.bfloat16)
         mod.launch(x, q.packed, q.scales, q.global_scale, None, out, config, False)
-        (_, grid, args, kwargs), (reduce, _, reduce_args, _) = calls[-2:]
+        (_, grid, args, kwargs), (reduce, _, reduce_args, reduce_kwargs) = calls[-2:]
         assert reduce == "reduce" and reduce_args[0] is args[5] and reduce_args[3] is out
+        assert reduce_args[1] is q.global_scale and reduce_kwargs["HAS_SCALE"] is True
         rows = 16 * config["ROW_TILES"] * config["WARPS"]
         assert grid == (triton.cdiv(1000, rows), triton.cdiv(130, config["BLOCK_M"]), 3)
         assert torch.equal(args[0], handed)
@@ -514,10 +515,12 @@ def test_decode_expert_forms_match_reference(t, form, config, device):
     to 64-row gate tiles (its rows past N read row N - 1); K = 768, three ring steps; grouped, at
     16 tokens 64 pairs over 16 experts, so runs span tiles and tiles hold padding. The ring
     down walks whole ring steps of N: 512 there, two steps an expert, so its splits of the
-    8-step walk at one token (4 and 8) cut through experts."""
+    8-step walk at one token (4 and 8) cut through experts. Expert 0's down global scale is 0,
+    as a checkpoint's pruned expert may have it: it must add nothing, not a NaN."""
     e, k, top_k = 16, 768, 4
     n = 512 if "DOWN_WARPS" in config else 48
     gu, dn = _bank(e, n, k, device)
+    dn.global_scale[0] = 0.0  # a checkpoint's pruned expert: it adds nothing, and no NaN
     hidden = torch.randn(t, k, dtype=torch.bfloat16, device=device)
     ids, weights = _route(t, e, top_k, device)
     out = torch.full_like(hidden, float("nan"))
@@ -580,7 +583,7 @@ def test_ring_expert_down_walks_each_tokens_experts_on_the_folded_h(monkeypatch)
     weights and down global scales into the h the down reads (``FOLD_DOWN``); one down program
     a row block of ``16 * DOWN_WARPS``, a token and a split, its walk ``EXPERT_STEPS`` ring
     steps an expert; split, fp32 partials ``[split, T, hidden]`` that ``linear_mma``'s ordered
-    reduce sums times the bank's first global scale (the one the fold is relative to);
+    reduce sums with no global scale (the fold put them in h);
     ``PAIRS_FIRST``, both grids pairs (tokens) first. Grouped (``DOWN_GROUPED``, staged): a
     program a row block and tile of the pairs grouped by expert, fp32 partials a pair
     ``[top_k, T, hidden]``, the same reduce. An inter size that is not whole ring steps
@@ -615,18 +618,18 @@ def test_ring_expert_down_walks_each_tokens_experts_on_the_folded_h(monkeypatch)
         assert h.shape == (t * top_k, n) and h.is_contiguous() and down_args[0] is h
         assert down_args[1].dtype == torch.int32 and torch.equal(down_args[1].view(torch.uint8), dn.packed)
         assert torch.equal(down_args[2].view(torch.uint8), dn.scales.view(torch.uint8))
-        assert down_args[3] is dn.global_scale and torch.equal(down_args[4], ids.reshape(-1))
-        assert down_args[6:10] == (t, k, n, top_k)
-        assert down_args[11:] == (*down_args[1].stride()[:2], *down_args[2].stride()[:2])
+        assert torch.equal(down_args[3], ids.reshape(-1))
+        assert down_args[5:9] == (t, k, n, top_k)
+        assert down_args[10:] == (*down_args[1].stride()[:2], *down_args[2].stride()[:2])
         assert down_kwargs["EXPERT_STEPS"] == n // 256 and down_kwargs["TOP_K_POW2"] == 4
         assert (down_kwargs["WARPS"], down_kwargs["STAGES"], down_kwargs["SPLIT_K"]) == (warps, 4, split)
         if split > 1:
-            partials = down_args[5]
+            partials = down_args[4]
             assert partials.shape == (split, t, k) and partials.dtype == torch.float32
-            _, _, reduce_args, _ = calls[2]
-            assert reduce_args[0] is partials and reduce_args[1] is dn.global_scale and reduce_args[3] is out
+            _, _, reduce_args, reduce_kwargs = calls[2]
+            assert reduce_args[0] is partials and reduce_args[3] is out and reduce_kwargs["HAS_SCALE"] is False
         else:
-            assert down_args[5] is out
+            assert down_args[4] is out
     calls.clear()
     config = {"GROUPED": 0, "WARPS": 2, "STAGES": 3, "DOWN_WARPS": 2, "DOWN_GROUPED": 1}
     assert moe_ring_gluon.launch(hidden, *banks, ids, weights, out, config, False) is out
@@ -641,7 +644,7 @@ def test_ring_expert_down_walks_each_tokens_experts_on_the_folded_h(monkeypatch)
     partials = args[6]
     assert partials.shape == (top_k, t, k) and partials.dtype == torch.float32
     assert args[7:12] == (t, k, n, e, top_k) and (kwargs["BLOCK_M"], kwargs["WARPS"]) == (8, 2)
-    assert reduce_args[0] is partials and reduce_args[1] is dn.global_scale and reduce_args[3] is out
+    assert reduce_args[0] is partials and reduce_args[3] is out and calls[2][3]["HAS_SCALE"] is False
     gu, dn = _bank(e, 48, k, "cpu")
     assert not any("DOWN_WARPS" in c for c in moe_ring_gluon.configs(t, 48, k))
     assert all("DOWN_WARPS" in c for c in moe_ring_gluon.configs(t, 512, k)), "the walk won wherever it applies"
