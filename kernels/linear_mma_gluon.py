@@ -242,15 +242,19 @@ def _fragment(words, raw_scales, A_OP: gl.constexpr):
 @gluon.jit
 def _store_tile(
     acc, offs_n, offs_m, mask, out_ptr, bias_ptr, global_scale_ptr, pid_k, M, N, stride_om,
-    HAS_BIAS: gl.constexpr, SPLIT_K: gl.constexpr,
+    HAS_BIAS: gl.constexpr, SPLIT_K: gl.constexpr, HAS_SCALE: gl.constexpr = True,
 ):  # fmt: skip
     """The output tile ``[rows, tokens]`` into ``out [M, N]``; split, fp32 partials
-    ``[SPLIT_K, M, N]`` instead (2**7 is exact), which the reduce finishes."""
+    ``[SPLIT_K, M, N]`` instead (2**7 is exact), which the reduce finishes. No global scale
+    where the operands carry it (the ring expert downs fold theirs into h)."""
     if SPLIT_K > 1:
         part = out_ptr + gl.expand_dims((pid_k * M + offs_m.to(gl.int64)) * N, 0) + gl.expand_dims(offs_n, 1)
         gl.store(part, acc * _EPILOGUE_FACTOR, mask=mask)
     else:
-        acc = acc * (gl.load(global_scale_ptr) * _EPILOGUE_FACTOR)
+        if HAS_SCALE:  # noqa: SIM108 (a constexpr branch: the kernel has only one of them)
+            acc = acc * (gl.load(global_scale_ptr) * _EPILOGUE_FACTOR)
+        else:
+            acc = acc * _EPILOGUE_FACTOR
         if HAS_BIAS:
             acc += gl.expand_dims(gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(gl.float32), 1)
         out = out_ptr + gl.expand_dims(offs_m.to(gl.int64) * stride_om, 0) + gl.expand_dims(offs_n, 1)

@@ -45,6 +45,7 @@ from flashrt.kernels.linear_mma_gluon import (
     _activation_offsets,
     _copyable,
     _ring_product,
+    _store_tile,
     _weight_offsets,
     acts_copy_layout,
     aligned_activations,
@@ -91,6 +92,14 @@ def _tile_run(
     expert = gl.minimum(e, E - 1).to(gl.int64)
     valid_end = gl.load(expert_offsets_ptr + expert) + gl.load(expert_counts_ptr + expert)
     return row_start, expert, valid_end, e < E
+
+
+@gluon.jit
+def _tile_pairs(sorted_pairs_ptr, row_start, offs, valid_end):
+    """The pairs at rows ``row_start + offs`` of a grouped tile, and which of those rows hold one."""
+    rows = row_start + offs
+    valid = rows < valid_end
+    return gl.load(sorted_pairs_ptr + rows, mask=valid, other=0), valid
 
 
 @gluon.jit
@@ -149,9 +158,8 @@ def moe_gate_up_ring_kernel(
         row_start, expert, valid_end, has_run = _tile_run(
             pid_m, expert_offsets_ptr, expert_counts_ptr, E, E_POW2, BLOCK_M, WARPS
         )
-        x_rows = row_start + xr // 4
-        x_valid = x_rows < valid_end
-        x_tokens = gl.load(sorted_pairs_ptr + x_rows, mask=x_valid, other=0) // TOP_K
+        x_pairs, x_valid = _tile_pairs(sorted_pairs_ptr, row_start, xr // 4, valid_end)
+        x_tokens = x_pairs // TOP_K
         steps = (K // BLOCK_K) * has_run.to(gl.int32)
 
     wr = gl.arange(0, 2 * HALF, layout=gl.SliceLayout(1, WORDS_COPY))
@@ -179,9 +187,7 @@ def moe_gate_up_ring_kernel(
         pairs = pid_m + column * 0
         column_valid = column < 1
     else:
-        rows = row_start + column
-        column_valid = (column < BLOCK_M) & (rows < valid_end)
-        pairs = gl.load(sorted_pairs_ptr + rows, mask=column_valid, other=0)
+        pairs, column_valid = _tile_pairs(sorted_pairs_ptr, row_start, column, valid_end)  # BLOCK_M is MMA_M
     if FOLD_DOWN:
         routed = gl.load(topk_weights_ptr + pairs, mask=column_valid, other=0.0).to(gl.float32)
         h = h * gl.expand_dims(routed * gl.load(down_global_scale_ptr + expert), 0)
@@ -248,12 +254,10 @@ def moe_down_ring_kernel(
     offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
     column = gl.arange(0, 8, layout=gl.SliceLayout(0, ACC))
     mask = gl.expand_dims(offs_n < N, 1) & gl.expand_dims(column < 1, 0)
-    rows = gl.expand_dims(offs_n, 1) + gl.expand_dims(column * 0, 0)
-    acc = acc * _EPILOGUE_FACTOR  # the global scales are in h
-    if SPLIT_K > 1:  # fp32 partials [SPLIT_K, M, N]
-        gl.store(out_ptr + (pid_k * M + token).to(gl.int64) * N + rows, acc, mask=mask)
-    else:
-        gl.store(out_ptr + token.to(gl.int64) * stride_om + rows, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    # no global scale: the down's are in h
+    _store_tile(
+        acc, offs_n, token + column * 0, mask, out_ptr, out_ptr, out_ptr, pid_k, M, N, stride_om, False, SPLIT_K, False
+    )
 
 
 @gluon.jit
@@ -297,9 +301,7 @@ def moe_down_grouped_ring_kernel(
     word_off, scale_off = _weight_offsets(pid_n, N, stride_wn, stride_sn, BLOCK_N, words_copy_layout(WARPS), SCALES)
     xr = gl.arange(0, 4 * BLOCK_M, layout=gl.SliceLayout(1, ACTS_COPY))
     xc = gl.arange(0, 8 * V, layout=gl.SliceLayout(0, ACTS_COPY))
-    x_rows = row_start + xr // 4
-    x_valid = x_rows < valid_end
-    x_pairs = gl.load(sorted_pairs_ptr + x_rows, mask=x_valid, other=0)
+    x_pairs, x_valid = _tile_pairs(sorted_pairs_ptr, row_start, xr // 4, valid_end)
     x_off = _activation_offsets(x_pairs, xr, xc, K)
     steps = (K // BLOCK_K) * has_run.to(gl.int32)
     acc = _ring_product(
@@ -309,9 +311,7 @@ def moe_down_grouped_ring_kernel(
 
     offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
     column = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ACC))
-    rows = row_start + column
-    column_valid = rows < valid_end
-    pairs = gl.load(sorted_pairs_ptr + rows, mask=column_valid, other=0)
+    pairs, column_valid = _tile_pairs(sorted_pairs_ptr, row_start, column, valid_end)
     partial_rows = ((pairs % TOP_K) * M + pairs // TOP_K).to(gl.int64)
     mask = gl.expand_dims(offs_n < N, 1) & gl.expand_dims(column_valid, 0)
     out = partials_ptr + gl.expand_dims(partial_rows * N, 0) + gl.expand_dims(offs_n, 1)
