@@ -15,17 +15,17 @@ This measures, same run, each time from HBM (``ops._time_us``):
   routed to) at T tokens: what a grouped bank reads, once an expert, with every token against
   every routed expert (more MMA columns, the same bytes). A bound on what the grouped ring
   bank could reach, less its grouping and activation launches;
-- ``ring_bank_{per_pair,grouped}_{gemv,ring}_down_us``: ``moe_ring_gluon`` (its gate_up on the
-  ring, per pair or grouped by expert; its down the GEMV's or the ring walk over each token's
-  experts), the best of its configs each way, each config checked against the reference
-  first; and each way's best again with ``PAIRS_FIRST`` (the grids pairs or tokens first, so
-  the programs of one row block over every pair run together and an expert several tokens
-  route to comes from L2 after the first read: ``_pairs_first`` in the JSON), and the best
-  walk's config with its down grouped by expert (``DOWN_GROUPED``, staged), both grid orders:
-  ``ring_bank_{way}_grouped_down_us[_pairs_first]``. It runs last,
-  after the JSON of the rest is written: a kernel that faults takes only its own figures.
+- ``ring_bank_{per_pair,grouped}_{gemv,ring,grouped}_down_us``: ``moe_ring_gluon`` (its gate_up
+  on the ring, per pair or grouped by expert; its down the GEMV's, the ring walk over each
+  token's experts, or the ring grouped by expert), the best of its configs each way, each
+  config checked against the reference first. It runs last, after the JSON of the rest is
+  written: a kernel that faults takes only its own figures.
 
-The second (9a6de5f; ``h200-probe-moe-ring-down.json``) had both downs and no ``PAIRS_FIRST``:
+The third (ea7c354; ``h200-probe-moe-ring-staged.json``) timed two staged ways on each way's
+best config: the down grouped by expert took the 16-token bank from 106.5 to 100.0 us (now in
+the configs from 8 tokens on); the grids pairs first (an expert several tokens route to read
+from L2 after the first) gained at most 0.4 us and lost up to 10% grouped (removed).
+The second (9a6de5f; ``h200-probe-moe-ring-down.json``) had both downs:
 ring down 18.7/67.0/107.3 us, GEMV down 19.5/84.8/142.1, GEMV bank 20.5/100.4/188.1.
 The first run (06907eb; ``h200-probe-moe-ring.json``) had the ring gate_up with the GEMV down
 only: 19.3/84.7/142.7 us at T=1/8/16 against the GEMV bank's 19.7/100.0/188.1, and the stacked
@@ -127,29 +127,21 @@ def main(path):
         timed = {}
         for config in moe_ring_gluon.configs(row["T"], INTER, HIDDEN):
             timed[tuple(config.items())] = measure(config)
-        for (grouped, way), (ring_down, down) in product(((0, "per_pair"), (1, "grouped")), ((0, "gemv"), (1, "ring"))):
-            these = {
-                c: us
-                for c, us in timed.items()
-                if us is not None and dict(c)["GROUPED"] == grouped and ("DOWN_WARPS" in dict(c)) == ring_down
-            }
+        for (grouped, way), down in product(((0, "per_pair"), (1, "grouped")), ("gemv", "ring", "grouped")):
+            these = {c: us for c, us in timed.items() if us is not None and _way(c) == (grouped, down)}
             key = f"ring_bank_{way}_{down}_down_us"
             best = min(these, key=these.get, default=None)
             row[key] = these.get(best)
             name = ",".join(f"{k}={v}" for k, v in best) if best else "none"
             print(f"T={row['T']:2d}: ring bank, {way:8s}, {down} down {row[key] or float('nan'):6.1f} us"
                   f" against the GEMV bank's {row['bank_us']:6.1f} ({name})", flush=True)  # fmt: skip
-            if best:  # the same config with the pairs (tokens) along the grid's first axis
-                row[f"{key}_pairs_first"] = flipped = measure(dict(best) | {"PAIRS_FIRST": 1})
-                print(f"       pairs first: {flipped or float('nan'):6.1f} us", flush=True)
-            if best and ring_down:  # and its down grouped by expert instead of the walk
-                grouped_down = {k: v for k, v in best if k != "DOWN_SPLIT"} | {"DOWN_GROUPED": 1}
-                for pairs_first in (0, 1):
-                    suffix = "_pairs_first" * pairs_first
-                    us = measure(grouped_down | {"PAIRS_FIRST": pairs_first})
-                    row[f"ring_bank_{way}_grouped_down_us{suffix}"] = us
-                    print(f"       down grouped by expert{suffix.replace('_', ' ')}: {us or float('nan'):6.1f} us")
         write(path, result | {"rows": rows})
+
+
+def _way(config: tuple) -> tuple[int, str]:
+    """A ring config's gate_up (grouped or not) and which down it runs."""
+    keys = dict(config)
+    return keys["GROUPED"], "grouped" if "DOWN_GROUPED" in keys else "ring" if "DOWN_WARPS" in keys else "gemv"
 
 
 def write(path, result):

@@ -415,25 +415,26 @@ def builds() -> Iterator[Build]:
             )
     for t in _TOKENS:
         ring = moe_ring_gluon.configs(t, 768, 2048) + moe_ring_gluon.configs(t, 48, 2048)  # walk, GEMV downs
-        for cfg, pairs_first in product(ring, (0, 1)):
+        for cfg in ring:
             block_m = moe_ring_gluon.GROUP_TILE if cfg["GROUPED"] else 1
             ring_down = "DOWN_WARPS" in cfg
             consts = {"BLOCK_M": block_m, "E_POW2": 128, "WARPS": cfg["WARPS"], "STAGES": cfg["STAGES"]}
-            consts |= {"FOLD_DOWN": ring_down, "PAIRS_FIRST": pairs_first}
+            consts |= {"FOLD_DOWN": ring_down}
             fn = moe_ring_gluon.moe_gate_up_ring_kernel
             sig = _with_constexprs(_MOE_GATE_UP_RING_SIG, consts)
             yield from unique(Build("moe_gate_up_ring", fn, sig, consts, cfg["WARPS"], 1))
-            if ring_down:
-                consts = {"TOP_K_POW2": 8, "EXPERT_STEPS": 768 // linear_mma_gluon.BLOCK_K, "WARPS": cfg["DOWN_WARPS"]}
-                consts |= {"STAGES": cfg["STAGES"], "PAIRS_FIRST": pairs_first}
-                sig, consts = _split_build(_MOE_DOWN_RING_SIG, consts, cfg["DOWN_SPLIT"])
-                fn = moe_ring_gluon.moe_down_ring_kernel
-                yield from unique(Build("moe_down_ring", fn, sig, consts, cfg["DOWN_WARPS"], 1))
+            if "DOWN_GROUPED" in cfg:
                 consts = {"BLOCK_M": moe_ring_gluon.GROUP_TILE, "E_POW2": 128, "WARPS": cfg["DOWN_WARPS"]}
-                consts |= {"STAGES": cfg["STAGES"], "PAIRS_FIRST": pairs_first}
+                consts |= {"STAGES": cfg["STAGES"]}
                 fn = moe_ring_gluon.moe_down_grouped_ring_kernel
                 sig = _with_constexprs(_MOE_DOWN_GROUPED_RING_SIG, consts)
                 yield from unique(Build("moe_down_grouped_ring", fn, sig, consts, cfg["DOWN_WARPS"], 1))
+            elif ring_down:
+                consts = {"TOP_K_POW2": 8, "EXPERT_STEPS": 768 // linear_mma_gluon.BLOCK_K, "WARPS": cfg["DOWN_WARPS"]}
+                consts |= {"STAGES": cfg["STAGES"]}
+                sig, consts = _split_build(_MOE_DOWN_RING_SIG, consts, cfg["DOWN_SPLIT"])
+                fn = moe_ring_gluon.moe_down_ring_kernel
+                yield from unique(Build("moe_down_ring", fn, sig, consts, cfg["DOWN_WARPS"], 1))
     for t in _TOKENS:
         for cfg, even_k in product(moe_w4a4.configs(t, 768, 2048), (True, False)):
             common = {"EVEN_K": even_k, "INTERPRETED": False, "E_POW2": 128, "BLOCK_M": cfg["BLOCK_M"]}

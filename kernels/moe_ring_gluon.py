@@ -18,18 +18,20 @@ pairs of 3.1 M parameters at one token and 64 at eight. So here both GEMMs are o
 3. ``down``: the ring walking each token's experts one after the other (one program a row
    block and token; split along the walk at one token, then ``linear_mma``'s ordered reduce):
    the copies run ahead across experts, where the GEMV down waited on each expert's first
-   load. Or ``moe_gemv_gluon``'s own down (per token, its k experts summed in registers).
-   Either way deterministic, no atomics.
+   load. Or grouped by expert as the gate_up (``DOWN_GROUPED``: each routed expert read once
+   for all its pairs, fp32 partials a pair, then the same reduce). Or ``moe_gemv_gluon``'s own
+   down (per token, its k experts summed in registers). Every way deterministic, no atomics.
 
 H200, Qwen3-30B-A3B's bank (E=128, top-8, 2048 x 768), 9a6de5f
 (``bench/results/h200-probe-moe-ring-down.json``, every config checked against the reference):
 18.7/67.0/107.3 us at 1/8/16 tokens against the GEMV form's 20.5/100.4/188.1; with the GEMV down,
 19.5/84.8/142.1. Per pair won at 1 and 8 tokens, grouped at 16. The walk down reads an
-expert once a token routed to it (at 16 tokens 128 experts' rows for about 80 routed);
-two ways staged to cut that, which the configs leave out and ``bench/probe_moe_ring.py``
-times on each way's best config: ``PAIRS_FIRST`` launches every pair of a row block together so
-the repeats can come from L2, and ``DOWN_GROUPED`` reads each routed expert once for all its
-pairs (``moe_down_grouped_ring_kernel``: fp32 partials a pair, then the ordered reduce).
+expert once a token routed to it (at 16 tokens 128 experts' rows for about 80 routed); the
+down grouped by expert reads it once, and at ea7c354 (``h200-probe-moe-ring-staged.json``) took
+the 16-token bank from 106.5 to 100.0 us, even at 8 (68.7 against the grouped walk's 68.8, the
+per-pair walk's 67.2) and lost at one (22.6 against 21.8). Launching a row block's pairs
+together so the repeats come from L2 (the grid pairs first) gained at most 0.4 us per pair
+and lost 1-10% grouped: not kept.
 """
 
 from __future__ import annotations
@@ -63,19 +65,6 @@ def _gate_up_rows(i, pid_n, N, HALF: gl.constexpr):
     matching up row (``N`` further) for the rest. Rows past N read row N - 1's (never stored)."""
     row = gl.minimum(pid_n * HALF + i % HALF, N - 1)
     return (row + (i // HALF) * N).to(gl.int64)
-
-
-@gluon.jit
-def _program_block(PAIRS_FIRST: gl.constexpr):
-    """This program's (row block, pair or token). ``PAIRS_FIRST``: the pairs (or tokens) are the
-    grid's first axis, so the programs of one row block over every pair are launched together
-    and an expert that several pairs route to is read from L2 after the first; otherwise the row
-    blocks of one pair are."""
-    if PAIRS_FIRST:
-        rows, pair = gl.program_id(1), gl.program_id(0)
-    else:
-        rows, pair = gl.program_id(0), gl.program_id(1)
-    return rows, pair
 
 
 @gluon.jit
@@ -130,7 +119,6 @@ def moe_gate_up_ring_kernel(
     WARPS: gl.constexpr,
     STAGES: gl.constexpr,
     FOLD_DOWN: gl.constexpr,
-    PAIRS_FIRST: gl.constexpr,
 ):
     """``h[pair, rows] = silu(gate_e @ x_t) * (up_e @ x_t)``, e and t the pair's expert and token;
     weight words and scale words (int32) by expert, row. ``BLOCK_M == 1``: one program a pair
@@ -146,7 +134,7 @@ def moe_gate_up_ring_kernel(
     WORDS_COPY: gl.constexpr = words_copy_layout(WARPS)
     ACTS_COPY: gl.constexpr = acts_copy_layout(WARPS)
 
-    pid_n, pid_m = _program_block(PAIRS_FIRST)
+    pid_n, pid_m = gl.program_id(0), gl.program_id(1)
     xr = gl.arange(0, 4 * BLOCK_M, layout=gl.SliceLayout(1, ACTS_COPY))
     xc = gl.arange(0, 8 * V, layout=gl.SliceLayout(0, ACTS_COPY))
     if BLOCK_M == 1:
@@ -217,7 +205,6 @@ def moe_down_ring_kernel(
     WARPS: gl.constexpr,
     STAGES: gl.constexpr,
     SPLIT_K: gl.constexpr,
-    PAIRS_FIRST: gl.constexpr,
 ):
     """``out[t, rows] = sum_j down_e(j) @ h[t * TOP_K + j]`` over token t's experts, h folded
     (``FOLD_DOWN``), so the sum takes no weights; N output rows, K = inter in ``EXPERT_STEPS``
@@ -232,7 +219,7 @@ def moe_down_ring_kernel(
     ACTS_COPY: gl.constexpr = acts_copy_layout(WARPS)
     WALK: gl.constexpr = gl.BlockedLayout([TOP_K_POW2], [32], [WARPS], [0])  # every thread holds the walk
 
-    pid_n, token = _program_block(PAIRS_FIRST)
+    pid_n, token = gl.program_id(0), gl.program_id(1)
     pid_k = gl.program_id(2)
     word_off, scale_off = _weight_offsets(pid_n, N, stride_wn, stride_sn, BLOCK_N, words_copy_layout(WARPS), SCALES)
     slots = gl.arange(0, TOP_K_POW2, layout=WALK)
@@ -282,9 +269,8 @@ def moe_down_grouped_ring_kernel(
     E_POW2: gl.constexpr,
     WARPS: gl.constexpr,
     STAGES: gl.constexpr,
-    PAIRS_FIRST: gl.constexpr,
 ):
-    """Staged, not in ``configs``: the down grouped by expert, ``partials[j, t, rows] = down_e @
+    """The down grouped by expert, ``partials[j, t, rows] = down_e @
     h[t * TOP_K + j]`` for the pairs of one expert's tile, the expert read once for all of them
     (the walk reads it once a token). h folded, so ``linear_mma``'s ordered reduce over j is the
     bank's output. One program a (row block of ``16 * WARPS``, ``BLOCK_M``-pair tile)."""
@@ -294,7 +280,7 @@ def moe_down_grouped_ring_kernel(
     SCALES: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, words_layout(1, WARPS)))
     ACTS_COPY: gl.constexpr = acts_copy_layout(WARPS)
 
-    pid_n, pid_m = _program_block(PAIRS_FIRST)
+    pid_n, pid_m = gl.program_id(0), gl.program_id(1)
     row_start, expert, valid_end, has_run = _tile_run(
         pid_m, expert_offsets_ptr, expert_counts_ptr, E, E_POW2, BLOCK_M, WARPS
     )
@@ -369,7 +355,7 @@ def launch(
         grouping, block_m, tiles = (g.sorted_pairs, g.expert_offsets, g.expert_counts), GROUP_TILE, g.rows // GROUP_TILE
     else:
         grouping, block_m, tiles = (ids, ids, ids), 1, pairs  # unread
-    moe_gate_up_ring_kernel[_grid(triton.cdiv(n, 16 * config["WARPS"]), tiles, config)](
+    moe_gate_up_ring_kernel[(triton.cdiv(n, 16 * config["WARPS"]), tiles)](
         hidden,
         words,
         scale_words,
@@ -394,7 +380,6 @@ def launch(
         WARPS=config["WARPS"],
         STAGES=config["STAGES"],
         FOLD_DOWN=ring_down,
-        PAIRS_FIRST=config.get("PAIRS_FIRST", 0),
         num_warps=config["WARPS"],
     )
     if ring_down:
@@ -402,11 +387,6 @@ def launch(
     warps_k = config["DOWN_WARPS_K"]
     down_layout = {"ROWS": config["DOWN_ROWS"], "GROUPS": 1, "WARPS_N": 4 // warps_k, "WARPS_K": warps_k}
     return moe_gemv_gluon.launch_down(h, down, topk_ids, topk_weights, out, down_layout)
-
-
-def _grid(row_blocks: int, pairs: int, config: dict, *rest: int) -> tuple:
-    """The launch grid of ``_program_block``'s order."""
-    return (pairs, row_blocks, *rest) if config.get("PAIRS_FIRST", 0) else (row_blocks, pairs, *rest)
 
 
 def launch_down(
@@ -422,7 +402,7 @@ def launch_down(
     warps = config["DOWN_WARPS"]
     if "DOWN_GROUPED" in config:
         partials = torch.empty(top_k, t, k, dtype=torch.float32, device=out.device)
-        moe_down_grouped_ring_kernel[_grid(triton.cdiv(k, 16 * warps), grouping.rows // GROUP_TILE, config)](
+        moe_down_grouped_ring_kernel[(triton.cdiv(k, 16 * warps), grouping.rows // GROUP_TILE)](
             h,
             words,
             scale_words,
@@ -443,14 +423,13 @@ def launch_down(
             E_POW2=triton.next_power_of_2(dn_packed.shape[0]),
             WARPS=warps,
             STAGES=config["STAGES"],
-            PAIRS_FIRST=config.get("PAIRS_FIRST", 0),
             num_warps=warps,
         )
         reduce_splits(partials, None, None, out)
         return out
     split = config["DOWN_SPLIT"]
     target = split_target(out, split)
-    moe_down_ring_kernel[_grid(triton.cdiv(k, 16 * warps), t, config, split)](
+    moe_down_ring_kernel[(triton.cdiv(k, 16 * warps), t, split)](
         h,
         words,
         scale_words,
@@ -470,7 +449,6 @@ def launch_down(
         WARPS=warps,
         STAGES=config["STAGES"],
         SPLIT_K=split,
-        PAIRS_FIRST=config.get("PAIRS_FIRST", 0),
         num_warps=warps,
     )
     if split > 1:
@@ -481,6 +459,9 @@ def launch_down(
 # The walk configs assume: a top-8 bank's down walks 8 experts, so splits keep two steps each
 # (fewer experts: a split past the walk stores zeros, which the reduce adds).
 WALK_EXPERTS = 8
+# The grouped down from 8 tokens on: about 54 experts for 64 pairs there, where it tied the walk
+# (68.7 against 68.8 us, ea7c354), and it lost at one token (22.6 against 21.8).
+DOWN_GROUPED_FROM = 8
 
 
 def configs(t: int, n: int, k: int) -> list[dict]:
@@ -492,7 +473,9 @@ def configs(t: int, n: int, k: int) -> list[dict]:
     one or two warps (32 or 64 ring rows; four were 3-19% off the best every time), three or
     four stages. The down where the inter size is whole ring steps: the walk, 16 or 32 rows a
     program (64 were 2-55% off), unsplit and split as ``linear_mma.split_ks`` offers for its
-    programs (split 4 won at one token, unsplit at 8 and 16); elsewhere the two
+    programs (split 4 won at one token, unsplit at 8 and 16), and from 8 tokens on grouped by
+    expert after the grouped gate_up (``DOWN_GROUPED``, 16-row programs: 100.0 against the
+    walk's best 106.5 us at 16 tokens, ea7c354, ``h200-probe-moe-ring-staged.json``); elsewhere the two
     ``moe_gemv_gluon`` layouts that won its own (two rows a thread and K split in two at one
     token, four rows otherwise: ``h200-kernels-moe-prefetch2.json``), which lost to the walk
     by 4/27/32% at 1/8/16 tokens. Fewer configs, a shorter attach: each is compiled and timed
@@ -509,10 +492,12 @@ def configs(t: int, n: int, k: int) -> list[dict]:
             programs = triton.cdiv(k, 16 * warps) * t
             splits = (1, *split_ks(programs, WALK_EXPERTS * n, BLOCK_K))
             downs += [{"DOWN_WARPS": warps, "DOWN_SPLIT": split} for split in splits]
+    ways = [(grouped, down) for grouped in (0, 1) for down in downs]
+    if n % BLOCK_K == 0 and t >= DOWN_GROUPED_FROM:
+        ways.append((1, {"DOWN_WARPS": 1, "DOWN_GROUPED": 1}))
     return [
         {"GROUPED": grouped, "WARPS": warps, "STAGES": stages, **down}
-        for grouped in (0, 1)
+        for grouped, down in ways
         for warps in (1, 2)
         for stages in (3, 4)
-        for down in downs
     ]

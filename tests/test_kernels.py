@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from flashrt.kernels import (
+    decode,
     linear_dequant,
     linear_gemv,
     linear_gemv_gluon,
@@ -449,8 +450,18 @@ def _tuples(*banks):
     return tuple((b.packed, b.scales, b.global_scale) for b in banks)
 
 
-def _cpu_expert_case(e, n, k, top_k, t):
-    """An expert bank, hidden states and a routing on the CPU, for the launcher tests."""
+def _cpu_expert_case(monkeypatch, e, n, k, top_k, t):
+    """An expert bank, hidden states and a routing on the CPU, for the launcher tests. The
+    grouping is a plain Triton kernel, and compiled it takes CUDA tensors only: on a GPU it runs
+    there and its layout comes back to the CPU."""
+    if ON_GPU:
+        group = moe_fused.group_pairs
+
+        def group_on_gpu(ids, experts, block_m):
+            g = group(ids.cuda(), experts, block_m)
+            return g._replace(**{field: getattr(g, field).cpu() for field in g._fields[:4]})
+
+        monkeypatch.setattr(moe_fused, "group_pairs", group_on_gpu)
     gu, dn = _bank(e, n, k, "cpu")
     return gu, dn, torch.randn(t, k, dtype=torch.bfloat16), *_route(t, e, top_k, "cpu")
 
@@ -495,16 +506,15 @@ def test_moe_kernel_matches_reference(t, weight_format, device):
 
 # The decode-size expert forms (empty under the interpreter: Gluon needs a compiled GPU).
 DECODE_EXPERT_CASES = [(moe_gemv_gluon, c) for c in moe_gemv_gluon.configs(1, 768, 2048)[::2]]
-# The ring form: every 3rd of its walk-down configs at one token (8 gate_up settings x 5 downs:
-# each down, each gate_up), of its GEMV-down ones (an inter size of 48, 8 x 2: each of those),
-# and three with PAIRS_FIRST.
+# The ring form: every 3rd of its walk-down configs at one token (2 gate_up ways x 5 downs, each
+# with 4 warp and stage settings: each way, each setting), of its GEMV-down ones (an inter size
+# of 48, 2 x 2 ways: each of those), the grouped downs offered from 8 tokens on (all 4), and the
+# grouped down after a per-pair gate_up at 32 rows, which the launcher takes and no config offers.
 _RING_WALK = moe_ring_gluon.configs(1, 768, 2048)
 DECODE_EXPERT_CASES += [(moe_ring_gluon, c) for c in _RING_WALK[::3] + moe_ring_gluon.configs(1, 48, 768)[::3]]
-DECODE_EXPERT_CASES += [(moe_ring_gluon, c | {"PAIRS_FIRST": 1}) for c in _RING_WALK[2::13]]
-DECODE_EXPERT_CASES += [  # the staged grouped down, both ways of grouping the gate_up
-    (moe_ring_gluon, {"GROUPED": g, "WARPS": 2, "STAGES": s, "DOWN_WARPS": w, "DOWN_GROUPED": 1, "PAIRS_FIRST": p})
-    for g, s, w, p in ((0, 3, 1, 0), (1, 4, 2, 1), (1, 3, 1, 0))
-]
+_RING_GROUPED_DOWN = [c for c in moe_ring_gluon.configs(16, 768, 2048) if "DOWN_GROUPED" in c]
+_RING_GROUPED_DOWN.append({"GROUPED": 0, "WARPS": 2, "STAGES": 3, "DOWN_WARPS": 2, "DOWN_GROUPED": 1})
+DECODE_EXPERT_CASES += [(moe_ring_gluon, c) for c in _RING_GROUPED_DOWN]
 
 
 @pytest.mark.skipif(not ON_GPU, reason="Gluon has no interpreter; CI builds these kernels for every target")
@@ -543,7 +553,7 @@ def test_expert_launchers_hand_their_kernels_the_pairs_words_and_one_h(monkeypat
     monkeypatch.setattr(moe_ring_gluon, "moe_gate_up_ring_kernel", _Recorder(calls, "gate_up"))
     monkeypatch.setattr(moe_gemv_gluon, "moe_down_gemv_kernel", _Recorder(calls, "down"))
     e, n, k, top_k, t = 6, 80, 512, 2, 3
-    gu, dn, hidden, ids, weights = _cpu_expert_case(e, n, k, top_k, t)
+    gu, dn, hidden, ids, weights = _cpu_expert_case(monkeypatch, e, n, k, top_k, t)
     banks = _tuples(gu, dn)
     ring = {"WARPS": 2, "STAGES": 3, "DOWN_ROWS": 2, "DOWN_WARPS_K": 2}
     tiles = moe_fused.max_rows(t * top_k, e, moe_ring_gluon.GROUP_TILE) // moe_ring_gluon.GROUP_TILE
@@ -583,11 +593,11 @@ def test_ring_expert_down_walks_each_tokens_experts_on_the_folded_h(monkeypatch)
     weights and down global scales into the h the down reads (``FOLD_DOWN``); one down program
     a row block of ``16 * DOWN_WARPS``, a token and a split, its walk ``EXPERT_STEPS`` ring
     steps an expert; split, fp32 partials ``[split, T, hidden]`` that ``linear_mma``'s ordered
-    reduce sums with no global scale (the fold put them in h);
-    ``PAIRS_FIRST``, both grids pairs (tokens) first. Grouped (``DOWN_GROUPED``, staged): a
+    reduce sums with no global scale (the fold put them in h). Grouped (``DOWN_GROUPED``): a
     program a row block and tile of the pairs grouped by expert, fp32 partials a pair
-    ``[top_k, T, hidden]``, the same reduce. An inter size that is not whole ring steps
-    is refused by name, and not offered."""
+    ``[top_k, T, hidden]``, the same reduce; offered from ``DOWN_GROUPED_FROM`` tokens on, after
+    the grouped gate_up. An inter size that is not whole ring steps is refused by name, and not
+    offered."""
     import triton
 
     calls = []
@@ -596,22 +606,18 @@ def test_ring_expert_down_walks_each_tokens_experts_on_the_folded_h(monkeypatch)
     monkeypatch.setattr(moe_ring_gluon, "moe_down_grouped_ring_kernel", _Recorder(calls, "down_grouped"))
     monkeypatch.setattr(linear_mma, "splitk_reduce_kernel", _Recorder(calls, "reduce"))
     e, n, k, top_k, t = 6, 512, 512, 3, 5
-    gu, dn, hidden, ids, weights = _cpu_expert_case(e, n, k, top_k, t)
+    gu, dn, hidden, ids, weights = _cpu_expert_case(monkeypatch, e, n, k, top_k, t)
     banks = _tuples(gu, dn)
-    for grouped, warps, split, pairs_first in ((0, 1, 1, 0), (1, 2, 4, 1)):
+    for grouped, warps, split in ((0, 1, 1), (1, 2, 4)):
         calls.clear()
         out = torch.zeros_like(hidden)
         config = {"GROUPED": grouped, "WARPS": 2, "STAGES": 4, "DOWN_WARPS": warps, "DOWN_SPLIT": split}
-        config["PAIRS_FIRST"] = pairs_first
         assert moe_ring_gluon.launch(hidden, *banks, ids, weights, out, config, False) is out
         assert [c[0] for c in calls] == ["gate_up", "down"] + ["reduce"] * (split > 1)
         (_, up_grid, up_args, up_kwargs), (_, down_grid, down_args, down_kwargs) = calls[:2]
         tiles = moe_fused.max_rows(t * top_k, e, moe_ring_gluon.GROUP_TILE) // moe_ring_gluon.GROUP_TILE
-        up_blocks = (triton.cdiv(n, 32), tiles if grouped else t * top_k)
-        down_blocks = (triton.cdiv(k, 16 * warps), t)
-        order = slice(None, None, -1 if pairs_first else 1)
-        assert up_grid == up_blocks[order] and down_grid == (*down_blocks[order], split)
-        assert up_kwargs["PAIRS_FIRST"] == down_kwargs["PAIRS_FIRST"] == pairs_first
+        assert up_grid == (triton.cdiv(n, 32), tiles if grouped else t * top_k)
+        assert down_grid == (triton.cdiv(k, 16 * warps), t, split)
         assert up_kwargs["FOLD_DOWN"] is True
         assert torch.equal(up_args[8], weights.reshape(-1)) and up_args[9] is dn.global_scale
         h = up_args[10]
@@ -646,8 +652,13 @@ def test_ring_expert_down_walks_each_tokens_experts_on_the_folded_h(monkeypatch)
     assert args[7:12] == (t, k, n, e, top_k) and (kwargs["BLOCK_M"], kwargs["WARPS"]) == (8, 2)
     assert reduce_args[0] is partials and reduce_args[3] is out and calls[2][3]["HAS_SCALE"] is False
     gu, dn = _bank(e, 48, k, "cpu")
+    monkeypatch.setattr(decode, "interpreted", lambda: False)  # what a compiled GPU is offered
     assert not any("DOWN_WARPS" in c for c in moe_ring_gluon.configs(t, 48, k))
     assert all("DOWN_WARPS" in c for c in moe_ring_gluon.configs(t, 512, k)), "the walk won wherever it applies"
+    for tokens in (1, 7, 8, 16):
+        grouped_downs = [c for c in moe_ring_gluon.configs(tokens, 512, k) if "DOWN_GROUPED" in c]
+        assert all(c["GROUPED"] for c in grouped_downs)
+        assert len(grouped_downs) == (4 if tokens >= moe_ring_gluon.DOWN_GROUPED_FROM else 0)
     with pytest.raises(ValueError, match="inter size"):
         banks = _tuples(gu, dn)
         moe_ring_gluon.launch(hidden, *banks, ids, weights, out, config, False)
