@@ -16,7 +16,7 @@ def _tiny(kind: str):
         config = Qwen3MoeConfig(
             intermediate_size=128, moe_intermediate_size=32, head_dim=16, num_experts=8, num_experts_per_tok=2, **common
         )
-    config._attn_implementation = "sdpa"
+    e2e.use_gqa_decode_attention(config)
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
 
 
@@ -42,6 +42,23 @@ def test_decode_step_computes_what_a_full_forward_computes(kind):
     with torch.no_grad():
         run.prefill()  # starts over: the cache and the step's buffers are reset in place
     assert torch.equal(run.token, tokens[0]) and int(run.position) == e2e.PROMPT
+
+
+def test_decode_attention_reads_each_kv_head_once_and_computes_sdpas_result():
+    """One query token: the query heads of a key-value head as its rows give transformers' sdpa
+    over the repeated cache, masked positions and all; the step test above runs it in a model."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = 4, True
+    query = torch.randn(3, 8, 1, 16)
+    key, value = torch.randn(2, 3, 2, 40, 16)
+    mask = torch.rand(3, 1, 1, 40) < 0.7
+    mask[..., 0] = True
+    ours, _ = e2e.gqa_decode_attention(module, query, key, value, mask, scaling=0.25)
+    expected, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.25)
+    assert ours.shape == expected.shape == (3, 1, 8, 16)
+    torch.testing.assert_close(ours, expected)
 
 
 @pytest.mark.parametrize(("kind", "groups", "removed"), [("dense", 4, 6), ("moe", 2, 4)])
