@@ -17,8 +17,9 @@ profile); the band sweep measures decode with the packed bank and with the host 
 same batch, which is where the default band comes from.
 
 Both arms run vLLM's merged projections (``merge_projections``: q, k and v one GEMM, gate and
-up one), not transformers' separate ones, and a decode attention that reads each key-value head
-once (``gqa_decode_attention``), as a serving engine's does.
+up one), not transformers' separate ones, a decode attention that reads each key-value head
+once (``gqa_decode_attention``) and the router's softmax and top-k in one launch
+(``router_topk``), as a serving engine's do.
 
 Random Gaussian weights give expert banks a parity near 0.987 against bf16 (two chained NVFP4
 GEMMs and a gate), so MoE models use a parity floor of 0.98, stated in the result.
@@ -38,6 +39,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from flashrt.bench import router_topk
 from flashrt.bench.kernels import provenance
 from flashrt.kernels import moe_fused, ops
 from flashrt.runtime import SeatProfile, attach
@@ -473,6 +475,7 @@ def run_model(name: str, layers: int, batches: list[int], compile_model: bool, b
     banks = install_bf16_banks(model)
     moe = banks > 0
     result["expert_banks"] = banks
+    result["fused_routers"] = router_topk.install(model)
     compiled = torch.compile(model) if compile_model else model
     torch.manual_seed(1)
     prompts = torch.randint(0, config.vocab_size, (max(batches), PROMPT), device="cuda")

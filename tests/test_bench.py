@@ -61,6 +61,46 @@ def test_decode_attention_reads_each_kv_head_once_and_computes_sdpas_result():
     torch.testing.assert_close(ours, expected)
 
 
+@pytest.mark.parametrize(
+    ("tokens", "experts", "top_k", "renormalize"), [(1, 128, 8, True), (5, 60, 6, False), (16, 256, 8, True)]
+)
+def test_fused_router_picks_transformers_experts_and_weights(tokens, experts, top_k, renormalize):
+    """The one-launch routing against transformers' (softmax, ``torch.topk``, renormalize): experts
+    of the same logits in the same order, the same weights to bf16 rounding; 60 experts, not a
+    power of 2. bf16 logits tie (256 experts of them often do), and where they do, ``torch.topk``
+    picks either: the fused one takes the lower expert, and every expert once."""
+    from flashrt.bench import router_topk
+
+    logits = torch.randn(tokens, experts, dtype=torch.bfloat16) * 3
+    weights, ids = router_topk.router_topk(logits, top_k, renormalize)
+    expected_weights, expected_ids = router_topk.reference(logits, top_k, renormalize)
+    assert ids.dtype == torch.int64 and weights.dtype == torch.bfloat16
+    assert torch.equal(logits.gather(1, ids), logits.gather(1, expected_ids))
+    torch.testing.assert_close(weights, expected_weights)
+    for row, chosen in zip(logits, ids.tolist(), strict=True):
+        assert len(set(chosen)) == top_k
+        for expert in chosen:
+            lower_tie = [e for e in range(expert) if row[e] == row[expert] and e not in chosen]
+            assert not lower_tie, "ties go to the lower expert"
+
+
+def test_fused_routers_replace_transformers_routers_and_keep_the_models_logits():
+    """``install`` swaps each Qwen3-MoE router for the fused one on the same weight: the model's
+    logits do not change, traced whole by ``torch.compile`` too (the op's fake), and the dense
+    model has none to swap."""
+    from flashrt.bench import router_topk
+
+    model = _tiny("moe")
+    ids = torch.randint(0, 512, (3, 9))
+    with torch.no_grad():
+        expected = model(ids).logits
+        assert router_topk.install(model) == 2 and router_topk.install(_tiny("dense")) == 0
+        assert sum(isinstance(m, router_topk.FusedTopKRouter) for m in model.modules()) == 2
+        torch.testing.assert_close(model(ids).logits, expected)
+        torch._dynamo.reset()
+        torch.testing.assert_close(torch.compile(model, backend="eager", fullgraph=True)(ids).logits, expected)
+
+
 @pytest.mark.parametrize(("kind", "groups", "removed"), [("dense", 4, 6), ("moe", 2, 4)])
 def test_merged_projections_compute_what_the_separate_ones_compute(kind, groups, removed):
     """Both arms run vLLM's layout: one GEMM for q, k and v and one for gate and up, each a
