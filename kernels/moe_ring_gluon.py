@@ -31,7 +31,8 @@ down grouped by expert reads it once, and at ea7c354 (``h200-probe-moe-ring-stag
 the 16-token bank from 106.5 to 100.0 us, even at 8 (68.7 against the grouped walk's 68.8, the
 per-pair walk's 67.2) and lost at one (22.6 against 21.8). Launching a row block's pairs
 together so the repeats come from L2 (the grid pairs first) gained at most 0.4 us per pair
-and lost 1-10% grouped: not kept.
+and lost 1-10% grouped: not kept. With the grouped down offered (eabb2d0,
+``h200-probe-moe-ring-offered.json``): 18.5/67.4/99.6 us against the GEMV form's 20.0/99.8/188.0.
 """
 
 from __future__ import annotations
