@@ -72,9 +72,7 @@ def main(path):
         _, ids, weights = inputs[t]
         out = torch.empty_like(x)
         gemv = {
-            ",".join(f"{k}={v}" for k, v in c.items()): functools.partial(
-                moe_gemv_gluon.launch, x, *banks, ids, weights, out, c, False
-            )
+            _name(c.items()): functools.partial(moe_gemv_gluon.launch, x, *banks, ids, weights, out, c, False)
             for c in moe_gemv_gluon.configs(t, INTER, HIDDEN)
         }
         gemv_us = {name: ops._time_us(run) for name, run in gemv.items()}
@@ -120,7 +118,7 @@ def main(path):
             run = functools.partial(moe_ring_gluon.launch, x, *banks, ids, weights, out, config, False)
             run()
             rel = float((out.double() - ref.double()).norm() / ref.double().norm())
-            name = ",".join(f"{k}={v}" for k, v in config.items())
+            name = _name(config.items())
             row["ring_bank"][name] = {"rel_err": rel, "us": ops._time_us(run) if rel < 1e-2 else None}
             return row["ring_bank"][name]["us"]
 
@@ -132,10 +130,15 @@ def main(path):
             key = f"ring_bank_{way}_{down}_down_us"
             best = min(these, key=these.get, default=None)
             row[key] = these.get(best)
-            name = ",".join(f"{k}={v}" for k, v in best) if best else "none"
+            name = _name(best) if best else "none"
             print(f"T={row['T']:2d}: ring bank, {way:8s}, {down} down {row[key] or float('nan'):6.1f} us"
                   f" against the GEMV bank's {row['bank_us']:6.1f} ({name})", flush=True)  # fmt: skip
         write(path, result | {"rows": rows})
+
+
+def _name(settings) -> str:
+    """A config's settings as the JSON names them: ``GROUPED=1,WARPS=2,...`` in its order."""
+    return ",".join(f"{k}={v}" for k, v in settings)
 
 
 def _way(config: tuple) -> tuple[int, str]:
