@@ -64,34 +64,34 @@ def test_decode_attention_reads_each_kv_head_once_and_computes_sdpas_result():
 @pytest.mark.parametrize(
     ("tokens", "experts", "top_k", "renormalize"), [(1, 128, 8, True), (5, 60, 6, False), (16, 256, 8, True)]
 )
-def test_fused_router_picks_transformers_experts_and_weights(tokens, experts, top_k, renormalize):
+def test_fused_router_picks_transformers_experts_and_weights(tokens, experts, top_k, renormalize, device):
     """The one-launch routing against transformers' (softmax, ``torch.topk``, renormalize): experts
     of the same logits in the same order, the same weights to bf16 rounding; 60 experts, not a
     power of 2. bf16 logits tie (256 experts of them often do), and where they do, ``torch.topk``
     picks either: the fused one takes the lower expert, and every expert once."""
     from flashrt.bench import router_topk
 
-    logits = torch.randn(tokens, experts, dtype=torch.bfloat16) * 3
+    logits = torch.randn(tokens, experts, dtype=torch.bfloat16, device=device) * 3
     weights, ids = router_topk.router_topk(logits, top_k, renormalize)
     expected_weights, expected_ids = router_topk.reference(logits, top_k, renormalize)
     assert ids.dtype == torch.int64 and weights.dtype == torch.bfloat16
     assert torch.equal(logits.gather(1, ids), logits.gather(1, expected_ids))
     torch.testing.assert_close(weights, expected_weights)
-    for row, chosen in zip(logits, ids.tolist(), strict=True):
+    for row, chosen in zip(logits.cpu(), ids.tolist(), strict=True):
         assert len(set(chosen)) == top_k
         for expert in chosen:
             lower_tie = [e for e in range(expert) if row[e] == row[expert] and e not in chosen]
             assert not lower_tie, "ties go to the lower expert"
 
 
-def test_fused_routers_replace_transformers_routers_and_keep_the_models_logits():
+def test_fused_routers_replace_transformers_routers_and_keep_the_models_logits(device):
     """``install`` swaps each Qwen3-MoE router for the fused one on the same weight: the model's
     logits do not change, traced whole by ``torch.compile`` too (the op's fake), and the dense
     model has none to swap."""
     from flashrt.bench import router_topk
 
-    model = _tiny("moe")
-    ids = torch.randint(0, 512, (3, 9))
+    model = _tiny("moe").to(device)
+    ids = torch.randint(0, 512, (3, 9), device=device)
     with torch.no_grad():
         expected = model(ids).logits
         assert router_topk.install(model) == 2 and router_topk.install(_tiny("dense")) == 0
