@@ -18,8 +18,8 @@ same batch, which is where the default band comes from.
 
 Both arms run vLLM's merged projections (``merge_projections``: q, k and v one GEMM, gate and
 up one), not transformers' separate ones, a decode attention that reads each key-value head
-once (``gqa_decode_attention``) and the router's softmax and top-k in one launch
-(``router_topk``), as a serving engine's do.
+once, split along the cache (``gqa_decode_attention``, ``decode_attention``), and the router's
+softmax and top-k in one launch (``router_topk``), as a serving engine's do.
 
 Random Gaussian weights give expert banks a parity near 0.987 against bf16 (two chained NVFP4
 GEMMs and a gate), so MoE models use a parity floor of 0.98, stated in the result.
@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from flashrt.bench import router_topk
+from flashrt.bench import decode_attention, router_topk
 from flashrt.bench.kernels import provenance
 from flashrt.kernels import moe_fused, ops
 from flashrt.runtime import SeatProfile, attach
@@ -103,7 +103,8 @@ GQA_DECODE = "gqa_decode_sdpa"  # no "flash" in it: transformers takes any such 
 
 def gqa_decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """At one query token, the query heads that share a key-value head are that head's query rows
-    (``[B, KV, G, D]``), so the cache is read once a key-value head; otherwise transformers' sdpa.
+    (``[B, KV, G, D]``), so the cache is read once a key-value head, split along the cache over
+    more programs (``decode_attention``); otherwise transformers' sdpa.
 
     transformers' sdpa takes its GQA path only without a mask, and the static cache needs one: it
     repeats K and V per query head, which on the Qwen3-30B shape (32 query heads over 4) at batch
@@ -113,13 +114,18 @@ def gqa_decode_attention(module, query, key, value, attention_mask, dropout=0.0,
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     batch, heads, q_len, dim = query.shape
-    kv_heads = key.shape[1]
-    if q_len != 1 or heads == kv_heads:
+    kv_heads, length = key.shape[1], key.shape[2]
+    if q_len != 1 or dropout:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
     rows = query.view(batch, kv_heads, heads // kv_heads, dim)
-    out = F.scaled_dot_product_attention(rows, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling)
+    if attention_mask is None:
+        visible = torch.ones(batch, length, dtype=torch.bool, device=query.device)
+    else:
+        visible = attention_mask[:, 0, -1, :length].expand(batch, length)
+    scale = dim**-0.5 if scaling is None else scaling
+    out = decode_attention.decode_attention(rows, key, value, visible, scale)
     return out.reshape(batch, 1, heads, dim), None
 
 

@@ -21,11 +21,11 @@ def _tiny(kind: str):
 
 
 @pytest.mark.parametrize("kind", ["dense", "moe"])
-def test_decode_step_computes_what_a_full_forward_computes(kind):
+def test_decode_step_computes_what_a_full_forward_computes(kind, device):
     """Prefill, then steps that read the static cache, the 4-D mask and the positions they advance
     in place: each step's logits equal those of one uncached forward over the whole sequence."""
-    model = _tiny(kind)
-    prompt = torch.randint(0, 512, (3, e2e.PROMPT))
+    model = _tiny(kind).to(device)
+    prompt = torch.randint(0, 512, (3, e2e.PROMPT), device=device)
     run = e2e.DecodeRun(model, model, prompt)
     tokens, logits = [], []
     with torch.no_grad():
@@ -44,21 +44,62 @@ def test_decode_step_computes_what_a_full_forward_computes(kind):
     assert torch.equal(run.token, tokens[0]) and int(run.position) == e2e.PROMPT
 
 
-def test_decode_attention_reads_each_kv_head_once_and_computes_sdpas_result():
+def test_decode_attention_reads_each_kv_head_once_and_computes_sdpas_result(device):
     """One query token: the query heads of a key-value head as its rows give transformers' sdpa
-    over the repeated cache, masked positions and all; the step test above runs it in a model."""
+    over the repeated cache, masked positions and all, also traced whole as the benchmark compiles
+    it (the split attention's fake); the step test above runs it in a model."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     module = torch.nn.Module()
     module.num_key_value_groups, module.is_causal = 4, True
-    query = torch.randn(3, 8, 1, 16)
-    key, value = torch.randn(2, 3, 2, 40, 16)
-    mask = torch.rand(3, 1, 1, 40) < 0.7
+    query = torch.randn(3, 8, 1, 16, device=device)
+    key, value = torch.randn(2, 3, 2, 40, 16, device=device)
+    mask = torch.rand(3, 1, 1, 40, device=device) < 0.7
     mask[..., 0] = True
     ours, _ = e2e.gqa_decode_attention(module, query, key, value, mask, scaling=0.25)
     expected, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.25)
     assert ours.shape == expected.shape == (3, 1, 8, 16)
     torch.testing.assert_close(ours, expected)
+    torch._dynamo.reset()
+    traced = torch.compile(e2e.gqa_decode_attention, backend="eager", fullgraph=True)
+    torch.testing.assert_close(traced(module, query, key, value, mask, scaling=0.25)[0], ours, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("batch", "kv_heads", "groups", "length", "dim", "visible_upto", "dtype"),
+    [
+        (1, 4, 8, 259, 128, 130, torch.bfloat16),  # Qwen3-30B at batch 1: 9 splits, the last 4 with no visible key
+        (5, 2, 1, 70, 80, 70, torch.float32),  # one query head a key-value head, a dimension not a power of 2
+        (2, 3, 4, 33, 16, 1, torch.float32),  # one visible key
+    ],
+)
+def test_split_decode_attention_is_attention_over_the_visible_cache(
+    batch, kv_heads, groups, length, dim, visible_upto, dtype, device
+):
+    """The split kernel and its merge against plain softmax attention: every split's partial
+    softmax weighed by its max, splits with no visible key adding nothing, positions past the
+    visible ones (a static cache's unwritten slots, here poisoned) never read into the output."""
+    from flashrt.bench import decode_attention
+
+    query = torch.randn(batch, kv_heads, groups, dim, device=device).to(dtype)
+    key, value = torch.randn(2, batch, kv_heads, length, dim, device=device).to(dtype)
+    visible = torch.zeros(batch, length, dtype=torch.bool, device=device)
+    visible[:, :visible_upto] = True
+    visible[0, 0] = visible_upto == 1  # with more visible, a sequence whose first key is hidden
+    key[:, :, visible_upto:] = value[:, :, visible_upto:] = float("nan")
+    assert decode_attention.split_count(batch * kv_heads, length) > 1
+    ours = decode_attention.decode_attention(query, key, value, visible, dim**-0.5)
+    expected = decode_attention.reference(query, key, value, visible, dim**-0.5)
+    assert ours.shape == expected.shape and ours.dtype == dtype and not ours.isnan().any()
+    torch.testing.assert_close(ours, expected, **({} if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)))
+
+
+def test_split_decode_attention_names_a_bad_mask():
+    from flashrt.bench import decode_attention
+
+    query, key = torch.randn(1, 2, 4, 16), torch.randn(1, 2, 8, 16)
+    with pytest.raises(ValueError, match=r"visible must be bool \[1, 8\], got torch.float32"):
+        decode_attention.decode_attention(query, key, key, torch.ones(1, 8), 0.25)
 
 
 @pytest.mark.parametrize(

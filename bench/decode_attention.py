@@ -1,0 +1,175 @@
+"""Decode attention split along the cache, for both arms of ``bench.e2e``.
+
+At one query token, cuDNN's sdpa (what ``torch.compile`` picks on the H200 for the query heads of a
+key-value head as its rows) runs one program a (sequence, key-value head) over the whole cache:
+4 programs a layer for Qwen3-30B-A3B at batch 1, 8 for Llama-3-8B. On the H200 that took
+11.3 us a layer at batch 1 and 24 at batch 16 for a 259-position cache (b045f1b,
+``bench/results/h200-e2e-qwen3-router-b1.json``, ``-b16.json``): 0.54 and 1.15 ms of a 3.1 and
+8.1 ms seated step, in both arms, for a cache a layer of 0.5 MB (batch 1) to 8.5 MB (16). A
+serving engine's decode attention splits the cache over more programs and merges their partial
+softmaxes (FlashAttention's split-KV decode, vLLM's ``flash_attn_with_kvcache``): this is that
+kernel for the benchmark, where vLLM is not installed.
+
+1. ``decode_attention_kernel``: one program a (sequence, key-value head, split); its query heads
+   are the rows of ``tl.dot`` (padded to 16), its split of the cache streamed in ``BLOCK_L``
+   keys with the online softmax; out the split's unnormalized output, running max and sum.
+   Its dots are fp32 (``ieee``): a bf16 product is exact in fp32, the kernel waits on its loads,
+   not its FMAs, and Triton 3.9's interpreter gets bf16 ``tl.dot`` wrong (off by 1e9 on CPU).
+2. ``merge_splits_kernel``: one program a (sequence, query head), the splits' partial softmaxes
+   merged in split order (deterministic, no atomics).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_L = 32  # keys a step: the cache of the e2e (259 positions) in 9 steps, so 9 splits at most
+# Programs to aim for a layer: the H200's 132 SMs, so a batch-1 layer's 4 key-value heads split
+# 9 ways (36 programs, all the cache allows) and batch 16's 64 heads 3 ways (192).
+TARGET_PROGRAMS = 132
+MASKED = tl.constexpr(-1.0e30)  # a masked key's score: finite, so a split with no visible key stays NaN-free
+
+
+@triton.jit
+def decode_attention_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    visible_ptr,
+    partial_ptr,
+    max_ptr,
+    sum_ptr,
+    KV_HEADS,
+    G,
+    L,
+    D,
+    scale,
+    stride_qb,
+    stride_qh,
+    stride_qg,
+    stride_kb,
+    stride_kh,
+    stride_kl,
+    stride_vb,
+    stride_vh,
+    stride_vl,
+    stride_mb,
+    stride_ml,
+    SPLIT_L: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    G_POW2: tl.constexpr,
+    D_POW2: tl.constexpr,
+):
+    """``partial[b, h, split, g]``, ``max``, ``sum``: query head g of key-value head h of sequence b
+    over the visible keys of cache positions ``[split * SPLIT_L, (split + 1) * SPLIT_L)``."""
+    bh, split = tl.program_id(0), tl.program_id(1)
+    b, h = bh // KV_HEADS, bh % KV_HEADS
+    rows = tl.arange(0, G_POW2)
+    dims = tl.arange(0, D_POW2)
+    dim_mask = dims < D
+    q_off = b * stride_qb + h * stride_qh + rows[:, None] * stride_qg + dims[None, :]
+    q = tl.load(q_ptr + q_off, mask=(rows[:, None] < G) & dim_mask[None, :], other=0.0).to(tl.float32)
+    k_rows = k_ptr + b * stride_kb + h * stride_kh + dims[None, :]
+    v_rows = v_ptr + b * stride_vb + h * stride_vh + dims[None, :]
+    running_max = tl.full([G_POW2], MASKED, dtype=tl.float32)
+    running_sum = tl.zeros([G_POW2], dtype=tl.float32)
+    acc = tl.zeros([G_POW2, D_POW2], dtype=tl.float32)
+    for start in range(split * SPLIT_L, tl.minimum((split + 1) * SPLIT_L, L), BLOCK_L):
+        keys = start + tl.arange(0, BLOCK_L)
+        in_cache = keys < L
+        visible = tl.load(visible_ptr + b * stride_mb + keys * stride_ml, mask=in_cache, other=0) != 0
+        kv_mask = visible[:, None] & dim_mask[None, :]  # a hidden key's slot is never read
+        k = tl.load(k_rows + keys[:, None] * stride_kl, mask=kv_mask, other=0.0).to(tl.float32)
+        scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+        scores = tl.where(visible[None, :], scores, MASKED)
+        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
+        kept = tl.exp(running_max - new_max)
+        p = tl.where(visible[None, :], tl.exp(scores - new_max[:, None]), 0.0)
+        running_sum = running_sum * kept + tl.sum(p, axis=1)
+        v = tl.load(v_rows + keys[:, None] * stride_vl, mask=kv_mask, other=0.0).to(tl.float32)
+        acc = acc * kept[:, None] + tl.dot(p, v, input_precision="ieee")
+        running_max = new_max
+    splits = tl.num_programs(1)
+    at = (bh * splits + split) * G + rows
+    tl.store(partial_ptr + at[:, None] * D + dims[None, :], acc, mask=(rows[:, None] < G) & dim_mask[None, :])
+    tl.store(max_ptr + at, running_max, mask=rows < G)
+    tl.store(sum_ptr + at, running_sum, mask=rows < G)
+
+
+@triton.jit
+def merge_splits_kernel(
+    partial_ptr, max_ptr, sum_ptr, out_ptr, G, D, SPLITS, SPLITS_POW2: tl.constexpr, D_POW2: tl.constexpr
+):
+    """``out[b, h, g] = sum_s e^(max_s - M) partial_s / sum_s e^(max_s - M) sum_s``, M the splits'
+    largest max: the softmax over every split's keys (a split with no visible key weighs 0)."""
+    row = tl.program_id(0)  # (b * KV + h) * G + g
+    bh, g = row // G, row % G
+    splits = tl.arange(0, SPLITS_POW2)
+    dims = tl.arange(0, D_POW2)
+    at = (bh * SPLITS + splits) * G + g
+    maxes = tl.load(max_ptr + at, mask=splits < SPLITS, other=MASKED)
+    weights = tl.exp(maxes - tl.max(maxes, axis=0))
+    sums = tl.load(sum_ptr + at, mask=splits < SPLITS, other=0.0)
+    mask = (splits[:, None] < SPLITS) & (dims[None, :] < D)
+    partials = tl.load(partial_ptr + at[:, None] * D + dims[None, :], mask=mask, other=0.0)
+    out = tl.sum(partials * weights[:, None], axis=0) / tl.sum(sums * weights, axis=0)
+    tl.store(out_ptr + row * D + dims, out.to(out_ptr.dtype.element_ty), mask=dims < D)
+
+
+def split_count(programs: int, length: int) -> int:
+    """Splits of the cache for ``programs`` (sequence, key-value head) pairs: enough for
+    ``TARGET_PROGRAMS``, at most one a ``BLOCK_L`` keys."""
+    return max(1, min(triton.cdiv(TARGET_PROGRAMS, programs), triton.cdiv(length, BLOCK_L)))
+
+
+@torch.library.custom_op("flashrt_bench::decode_attention", mutates_args=())
+def decode_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """``[B, KV, G, D]``: query rows ``[B, KV, G, D]`` (the G query heads of each key-value head)
+    attending over the cache ``key``/``value [B, KV, L, D]`` where ``visible [B, L]`` (bool)."""
+    batch, kv_heads, groups, dim = query.shape
+    length = key.shape[2]
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"decode_attention: {name} needs its last dimension contiguous, got strides {t.stride()}")
+    if visible.dtype != torch.bool or visible.shape != (batch, length):
+        raise ValueError(
+            f"decode_attention: visible must be bool [{batch}, {length}], got {visible.dtype} {list(visible.shape)}"
+        )
+    splits = split_count(batch * kv_heads, length)
+    split_l = BLOCK_L * triton.cdiv(triton.cdiv(length, BLOCK_L), splits)
+    splits = triton.cdiv(length, split_l)
+    partial = torch.empty(batch, kv_heads, splits, groups, dim, dtype=torch.float32, device=query.device)
+    maxes = torch.empty(batch, kv_heads, splits, groups, dtype=torch.float32, device=query.device)
+    sums = torch.empty_like(maxes)
+    d_pow2 = triton.next_power_of_2(dim)
+    decode_attention_kernel[(batch * kv_heads, splits)](
+        query, key, value, visible, partial, maxes, sums,
+        kv_heads, groups, length, dim, scale,
+        query.stride(0), query.stride(1), query.stride(2),
+        key.stride(0), key.stride(1), key.stride(2),
+        value.stride(0), value.stride(1), value.stride(2),
+        visible.stride(0), visible.stride(1),
+        SPLIT_L=split_l, BLOCK_L=BLOCK_L, G_POW2=max(16, triton.next_power_of_2(groups)), D_POW2=d_pow2,
+    )  # fmt: skip
+    out = torch.empty(batch, kv_heads, groups, dim, dtype=query.dtype, device=query.device)
+    merge_splits_kernel[(batch * kv_heads * groups,)](
+        partial, maxes, sums, out, groups, dim, splits, SPLITS_POW2=triton.next_power_of_2(splits), D_POW2=d_pow2
+    )
+    return out
+
+
+@decode_attention.register_fake
+def _(query, key, value, visible, scale):
+    return torch.empty_like(query)
+
+
+def reference(query, key, value, visible, scale):
+    """The same attention in plain torch: the query heads of a key-value head over its cache."""
+    hidden = ~visible[:, None, :, None]  # a hidden slot may hold anything, NaN too: read as 0
+    scores = (query.float() @ key.float().masked_fill(hidden, 0).transpose(-1, -2)) * scale  # [B, KV, G, L]
+    scores = scores.masked_fill(hidden.transpose(-1, -2), float("-inf"))
+    return (scores.softmax(-1) @ value.float().masked_fill(hidden, 0)).to(query.dtype)
