@@ -476,7 +476,8 @@ def configs(t: int, n: int, k: int) -> list[dict]:
     program (64 were 2-55% off), unsplit and split as ``linear_mma.split_ks`` offers for its
     programs (split 4 won at one token, unsplit at 8 and 16), and from 8 tokens on grouped by
     expert after the grouped gate_up (``DOWN_GROUPED``, 16-row programs: 100.0 against the
-    walk's best 106.5 us at 16 tokens, ea7c354, ``h200-probe-moe-ring-staged.json``); elsewhere the two
+    walk's best 106.5 us at 16 tokens, ea7c354, ``h200-probe-moe-ring-staged.json``; 32-row
+    programs too, which halve its 18k programs at 16 tokens, not yet timed); elsewhere the two
     ``moe_gemv_gluon`` layouts that won its own (two rows a thread and K split in two at one
     token, four rows otherwise: ``h200-kernels-moe-prefetch2.json``), which lost to the walk
     by 4/27/32% at 1/8/16 tokens. Fewer configs, a shorter attach: each is compiled and timed
@@ -495,7 +496,7 @@ def configs(t: int, n: int, k: int) -> list[dict]:
             downs += [{"DOWN_WARPS": warps, "DOWN_SPLIT": split} for split in splits]
     ways = [(grouped, down) for grouped in (0, 1) for down in downs]
     if n % BLOCK_K == 0 and t >= DOWN_GROUPED_FROM:
-        ways.append((1, {"DOWN_WARPS": 1, "DOWN_GROUPED": 1}))
+        ways += [(1, {"DOWN_WARPS": warps, "DOWN_GROUPED": 1}) for warps in (1, 2)]
     return [
         {"GROUPED": grouped, "WARPS": warps, "STAGES": stages, **down}
         for grouped, down in ways

@@ -508,7 +508,7 @@ def test_moe_kernel_matches_reference(t, weight_format, device):
 DECODE_EXPERT_CASES = [(moe_gemv_gluon, c) for c in moe_gemv_gluon.configs(1, 768, 2048)[::2]]
 # The ring form: every 3rd of its walk-down configs at one token (2 gate_up ways x 5 downs, each
 # with 4 warp and stage settings: each way, each setting), of its GEMV-down ones (an inter size
-# of 48, 2 x 2 ways: each of those), the grouped downs offered from 8 tokens on (all 4), and the
+# of 48, 2 x 2 ways: each of those), the grouped downs offered from 8 tokens on (all 8), and the
 # grouped down after a per-pair gate_up at 32 rows, which the launcher takes and no config offers.
 _RING_WALK = moe_ring_gluon.configs(1, 768, 2048)
 DECODE_EXPERT_CASES += [(moe_ring_gluon, c) for c in _RING_WALK[::3] + moe_ring_gluon.configs(1, 48, 768)[::3]]
@@ -658,7 +658,7 @@ def test_ring_expert_down_walks_each_tokens_experts_on_the_folded_h(monkeypatch)
     for tokens in (1, 7, 8, 16):
         grouped_downs = [c for c in moe_ring_gluon.configs(tokens, 512, k) if "DOWN_GROUPED" in c]
         assert all(c["GROUPED"] for c in grouped_downs)
-        assert len(grouped_downs) == (4 if tokens >= moe_ring_gluon.DOWN_GROUPED_FROM else 0)
+        assert len(grouped_downs) == (8 if tokens >= moe_ring_gluon.DOWN_GROUPED_FROM else 0)
     with pytest.raises(ValueError, match="inter size"):
         banks = _tuples(gu, dn)
         moe_ring_gluon.launch(hidden, *banks, ids, weights, out, config, False)
