@@ -118,10 +118,17 @@ def merge_splits_kernel(
     tl.store(out_ptr + row * D + dims, out.to(out_ptr.dtype.element_ty), mask=dims < D)
 
 
+def split_keys(programs: int, length: int) -> int:
+    """Cache positions a split, for ``programs`` (sequence, key-value head) pairs: whole
+    ``BLOCK_L`` steps, splits enough for ``TARGET_PROGRAMS``, at most one a step."""
+    steps = triton.cdiv(length, BLOCK_L)
+    wanted = max(1, min(triton.cdiv(TARGET_PROGRAMS, programs), steps))
+    return BLOCK_L * triton.cdiv(steps, wanted)
+
+
 def split_count(programs: int, length: int) -> int:
-    """Splits of the cache for ``programs`` (sequence, key-value head) pairs: enough for
-    ``TARGET_PROGRAMS``, at most one a ``BLOCK_L`` keys."""
-    return max(1, min(triton.cdiv(TARGET_PROGRAMS, programs), triton.cdiv(length, BLOCK_L)))
+    """The splits ``decode_attention`` launches (``split_keys`` positions each)."""
+    return triton.cdiv(length, split_keys(programs, length))
 
 
 @torch.library.custom_op("flashrt_bench::decode_attention", mutates_args=())
@@ -139,8 +146,7 @@ def decode_attention(
         raise ValueError(
             f"decode_attention: visible must be bool [{batch}, {length}], got {visible.dtype} {list(visible.shape)}"
         )
-    splits = split_count(batch * kv_heads, length)
-    split_l = BLOCK_L * triton.cdiv(triton.cdiv(length, BLOCK_L), splits)
+    split_l = split_keys(batch * kv_heads, length)
     splits = triton.cdiv(length, split_l)
     partial = torch.empty(batch, kv_heads, splits, groups, dim, dtype=torch.float32, device=query.device)
     maxes = torch.empty(batch, kv_heads, splits, groups, dtype=torch.float32, device=query.device)
