@@ -13,17 +13,28 @@ kernel for the benchmark, where vLLM is not installed.
 1. ``decode_attention_kernel``: one program a (sequence, key-value head, split); its query heads
    are the rows of ``tl.dot`` (padded to 16), its split of the cache streamed in ``BLOCK_L``
    keys with the online softmax; out the split's unnormalized output, running max and sum.
-   Its dots are fp32 (``ieee``): a bf16 product is exact in fp32, the kernel waits on its loads,
-   not its FMAs, and Triton 3.9's interpreter gets bf16 ``tl.dot`` wrong (off by 1e9 on CPU).
+   Its dots run on the tensor cores (bf16 in, fp32 accumulated; the probabilities rounded to
+   bf16 for the second, as FlashAttention does). At b045f1b they were fp32 FMAs (``ieee``):
+   on the H200 one 32-key step of 8 query heads took 6.5 us (58.8 us for 9 steps unsplit),
+   so at 16 sequences the split ran 42 us a layer against cuDNN's 26
+   (``h200-probe-decode-attention-2f962ec.json``). fp32 inputs, and every input under the
+   interpreter (``UPCAST``), keep the fp32 dots: Triton 3.9's interpreter gets bf16 ``tl.dot``
+   wrong (off by 1e9 on CPU).
 2. ``merge_splits_kernel``: one program a (sequence, query head), the splits' partial softmaxes
    merged in split order (deterministic, no atomics).
+
+``attend``, what the e2e runs, is this kernel or sdpa, whichever the device times faster at the
+layer's shape (once a shape, on its first call): at b045f1b's kernel the split won up to 32
+(sequence, key-value head) pairs and lost from 64 on.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
+from flashrt.kernels.decode import interpreted
 
 BLOCK_L = 32  # keys a step: the cache of the e2e (259 positions) in 9 steps, so 9 splits at most
 # Programs to aim for a layer: the H200's 132 SMs, so a batch-1 layer's 4 key-value heads split
@@ -61,6 +72,7 @@ def decode_attention_kernel(
     BLOCK_L: tl.constexpr,
     G_POW2: tl.constexpr,
     D_POW2: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     """``partial[b, h, split, g]``, ``max``, ``sum``: query head g of key-value head h of sequence b
     over the visible keys of cache positions ``[split * SPLIT_L, (split + 1) * SPLIT_L)``."""
@@ -70,7 +82,7 @@ def decode_attention_kernel(
     dims = tl.arange(0, D_POW2)
     dim_mask = dims < D
     q_off = b * stride_qb + h * stride_qh + rows[:, None] * stride_qg + dims[None, :]
-    q = tl.load(q_ptr + q_off, mask=(rows[:, None] < G) & dim_mask[None, :], other=0.0).to(tl.float32)
+    q = tl.load(q_ptr + q_off, mask=(rows[:, None] < G) & dim_mask[None, :], other=0.0)
     k_rows = k_ptr + b * stride_kb + h * stride_kh + dims[None, :]
     v_rows = v_ptr + b * stride_vb + h * stride_vh + dims[None, :]
     running_max = tl.full([G_POW2], MASKED, dtype=tl.float32)
@@ -81,15 +93,21 @@ def decode_attention_kernel(
         in_cache = keys < L
         visible = tl.load(visible_ptr + b * stride_mb + keys * stride_ml, mask=in_cache, other=0) != 0
         kv_mask = visible[:, None] & dim_mask[None, :]  # a hidden key's slot is never read
-        k = tl.load(k_rows + keys[:, None] * stride_kl, mask=kv_mask, other=0.0).to(tl.float32)
-        scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+        k = tl.load(k_rows + keys[:, None] * stride_kl, mask=kv_mask, other=0.0)
+        if UPCAST:
+            scores = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee") * scale
+        else:
+            scores = tl.dot(q, tl.trans(k)) * scale
         scores = tl.where(visible[None, :], scores, MASKED)
         new_max = tl.maximum(running_max, tl.max(scores, axis=1))
         kept = tl.exp(running_max - new_max)
         p = tl.where(visible[None, :], tl.exp(scores - new_max[:, None]), 0.0)
         running_sum = running_sum * kept + tl.sum(p, axis=1)
-        v = tl.load(v_rows + keys[:, None] * stride_vl, mask=kv_mask, other=0.0).to(tl.float32)
-        acc = acc * kept[:, None] + tl.dot(p, v, input_precision="ieee")
+        v = tl.load(v_rows + keys[:, None] * stride_vl, mask=kv_mask, other=0.0)
+        if UPCAST:
+            acc = acc * kept[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            acc = acc * kept[:, None] + tl.dot(p.to(v.dtype), v)
         running_max = new_max
     splits = tl.num_programs(1)
     at = (bh * splits + split) * G + rows
@@ -160,6 +178,7 @@ def decode_attention(
         value.stride(0), value.stride(1), value.stride(2),
         visible.stride(0), visible.stride(1),
         SPLIT_L=split_l, BLOCK_L=BLOCK_L, G_POW2=max(16, triton.next_power_of_2(groups)), D_POW2=d_pow2,
+        UPCAST=interpreted() or query.dtype == torch.float32,
     )  # fmt: skip
     out = torch.empty(batch, kv_heads, groups, dim, dtype=query.dtype, device=query.device)
     merge_splits_kernel[(batch * kv_heads * groups,)](
@@ -179,3 +198,50 @@ def reference(query, key, value, visible, scale):
     scores = (query.float() @ key.float().masked_fill(hidden, 0).transpose(-1, -2)) * scale  # [B, KV, G, L]
     scores = scores.masked_fill(hidden.transpose(-1, -2), float("-inf"))
     return (scores.softmax(-1) @ value.float().masked_fill(hidden, 0)).to(query.dtype)
+
+
+def sdpa(query, key, value, visible, scale):
+    """The same attention through torch's sdpa (cuDNN on the H200): one program a (sequence,
+    key-value head) over the whole cache."""
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=visible[:, None, None, :], scale=scale)
+
+
+# (query shape, cache length, dtype, device) -> whether the split kernel is the faster there
+SPLIT_PAYS: dict[tuple, bool] = {}
+
+
+def split_pays(query: torch.Tensor, key: torch.Tensor) -> bool:
+    """Whether ``decode_attention`` beats ``sdpa`` at this shape: both timed from HBM once
+    (``ops._time_us``), on the first call, which must come before any CUDA-graph capture (the
+    e2e's warm steps). Off a GPU, the split: the kernel is what the interpreter checks."""
+    from flashrt.kernels import ops
+
+    shape = (tuple(query.shape), key.shape[2], query.dtype, query.device)
+    if shape not in SPLIT_PAYS:
+        if query.device.type != "cuda":
+            SPLIT_PAYS[shape] = True
+        elif torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"attend: first call at {shape} inside a CUDA-graph capture; call it once before capturing")
+        else:
+            visible = torch.ones(key.shape[0], key.shape[2], dtype=torch.bool, device=key.device)
+            timed = {
+                fn: ops._time_us(lambda fn=fn: fn(query, key, key, visible, query.shape[-1] ** -0.5))
+                for fn in (decode_attention, sdpa)
+            }
+            SPLIT_PAYS[shape] = timed[decode_attention] < timed[sdpa]
+    return SPLIT_PAYS[shape]
+
+
+@torch.library.custom_op("flashrt_bench::attend", mutates_args=())
+def attend(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """``decode_attention``'s result by the faster of it and ``sdpa`` at this shape (``split_pays``)."""
+    if split_pays(query, key):
+        return decode_attention(query, key, value, visible, scale)
+    return sdpa(query, key, value, visible, scale)
+
+
+@attend.register_fake
+def _(query, key, value, visible, scale):
+    return torch.empty_like(query)
