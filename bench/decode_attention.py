@@ -221,7 +221,7 @@ def split_pays(query: torch.Tensor, key: torch.Tensor) -> bool:
         if query.device.type != "cuda":
             SPLIT_PAYS[shape] = True
         elif torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"attend: first call at {shape} inside a CUDA-graph capture; call it once before capturing")
+            raise RuntimeError(f"attend: first call at {shape} inside a CUDA-graph capture; call it once before")
         else:
             visible = torch.ones(key.shape[0], key.shape[2], dtype=torch.bool, device=key.device)
             timed = {

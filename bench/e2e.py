@@ -588,7 +588,8 @@ def run_model(name: str, layers: int, batches: list[int], compile_model: bool, b
 def _split_attention() -> dict[str, bool]:
     """``decode_attention.attend``'s choices so far: batch x key-value heads x query heads each x
     dim at the cache length, split or not."""
-    return {"x".join(map(str, (*shape, length))): pays for (shape, length, _, _), pays in decode_attention.SPLIT_PAYS.items()}
+    choices = decode_attention.SPLIT_PAYS.items()
+    return {"x".join(map(str, (*shape, length))): pays for (shape, length, _, _), pays in choices}
 
 
 def _run_here(names: list[str], args, out: Path, result: dict) -> None:
