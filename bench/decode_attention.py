@@ -23,15 +23,15 @@ kernel for the benchmark, where vLLM is not installed.
 2. ``merge_splits_kernel``: one program a (sequence, query head), the splits' partial softmaxes
    merged in split order (deterministic, no atomics).
 
-``attend``, what the e2e runs, is this kernel or sdpa, whichever the device times faster at the
-layer's shape (once a shape, on its first call): at b045f1b's kernel the split won up to 32
-(sequence, key-value head) pairs and lost from 64 on.
+On the H200 (427f4ad, ``bench/results/h200-probe-decode-attention-427f4ad.json``, the cache
+from HBM) it took a Qwen3-30B-A3B layer's attention from cuDNN's 17.1/25.5/25.8/28.2 us to
+5.0/7.5/10.2/12.1 at batch 1/8/16/32, and a Llama-3-8B layer's from 18.5/26.1/44.2 to
+5.8/9.1/17.3 at 1/8/32: faster at every e2e shape, so the e2e runs it at every one.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 from flashrt.kernels.decode import interpreted
@@ -198,50 +198,3 @@ def reference(query, key, value, visible, scale):
     scores = (query.float() @ key.float().masked_fill(hidden, 0).transpose(-1, -2)) * scale  # [B, KV, G, L]
     scores = scores.masked_fill(hidden.transpose(-1, -2), float("-inf"))
     return (scores.softmax(-1) @ value.float().masked_fill(hidden, 0)).to(query.dtype)
-
-
-def sdpa(query, key, value, visible, scale):
-    """The same attention through torch's sdpa (cuDNN on the H200): one program a (sequence,
-    key-value head) over the whole cache."""
-    return F.scaled_dot_product_attention(query, key, value, attn_mask=visible[:, None, None, :], scale=scale)
-
-
-# (query shape, cache length, dtype, device) -> whether the split kernel is the faster there
-SPLIT_PAYS: dict[tuple, bool] = {}
-
-
-def split_pays(query: torch.Tensor, key: torch.Tensor) -> bool:
-    """Whether ``decode_attention`` beats ``sdpa`` at this shape: both timed from HBM once
-    (``ops._time_us``), on the first call, which must come before any CUDA-graph capture (the
-    e2e's warm steps). Off a GPU, the split: the kernel is what the interpreter checks."""
-    from flashrt.kernels import ops
-
-    shape = (tuple(query.shape), key.shape[2], query.dtype, query.device)
-    if shape not in SPLIT_PAYS:
-        if query.device.type != "cuda":
-            SPLIT_PAYS[shape] = True
-        elif torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"attend: first call at {shape} inside a CUDA-graph capture; call it once before")
-        else:
-            visible = torch.ones(key.shape[0], key.shape[2], dtype=torch.bool, device=key.device)
-            timed = {
-                fn: ops._time_us(lambda fn=fn: fn(query, key, key, visible, query.shape[-1] ** -0.5))
-                for fn in (decode_attention, sdpa)
-            }
-            SPLIT_PAYS[shape] = timed[decode_attention] < timed[sdpa]
-    return SPLIT_PAYS[shape]
-
-
-@torch.library.custom_op("flashrt_bench::attend", mutates_args=())
-def attend(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: torch.Tensor, scale: float
-) -> torch.Tensor:
-    """``decode_attention``'s result by the faster of it and ``sdpa`` at this shape (``split_pays``)."""
-    if split_pays(query, key):
-        return decode_attention(query, key, value, visible, scale)
-    return sdpa(query, key, value, visible, scale)
-
-
-@attend.register_fake
-def _(query, key, value, visible, scale):
-    return torch.empty_like(query)

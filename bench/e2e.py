@@ -18,8 +18,7 @@ same batch, which is where the default band comes from.
 
 Both arms run vLLM's merged projections (``merge_projections``: q, k and v one GEMM, gate and
 up one), not transformers' separate ones, a decode attention that reads each key-value head
-once, split along the cache where the device times that faster (``gqa_decode_attention``,
-``decode_attention.attend``; the choices are in the result as ``split_attention``), and the router's
+once, split along the cache (``gqa_decode_attention``, ``decode_attention``), and the router's
 softmax and top-k in one launch (``router_topk``), as a serving engine's do.
 
 Random Gaussian weights give expert banks a parity near 0.987 against bf16 (two chained NVFP4
@@ -105,7 +104,7 @@ GQA_DECODE = "gqa_decode_sdpa"  # no "flash" in it: transformers takes any such 
 def gqa_decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """At one query token, the query heads that share a key-value head are that head's query rows
     (``[B, KV, G, D]``), so the cache is read once a key-value head, split along the cache over
-    more programs where that is the faster (``decode_attention.attend``); otherwise transformers' sdpa.
+    more programs (``decode_attention``); otherwise transformers' sdpa.
 
     transformers' sdpa takes its GQA path only without a mask, and the static cache needs one: it
     repeats K and V per query head, which on the Qwen3-30B shape (32 query heads over 4) at batch
@@ -126,7 +125,7 @@ def gqa_decode_attention(module, query, key, value, attention_mask, dropout=0.0,
     else:
         visible = attention_mask[:, 0, -1, :length].expand(batch, length)
     scale = dim**-0.5 if scaling is None else scaling
-    out = decode_attention.attend(rows, key, value, visible, scale)
+    out = decode_attention.decode_attention(rows, key, value, visible, scale)
     return out.reshape(batch, 1, heads, dim), None
 
 
@@ -492,7 +491,6 @@ def run_model(name: str, layers: int, batches: list[int], compile_model: bool, b
         figures = bf16[b]
         print(f"  {name} bf16  batch {b:3d}: {figures['decode_tok_s']:9.1f} tok/s  prefill {figures['prefill_ms']:.2f}")
         result["bf16"] = {b: {k: v for k, v in f.items() if k not in ("logits", "kernels")} for b, f in bf16.items()}
-        result["split_attention"] = _split_attention()
         record(result, rows)
     bf16_generate = generate_tok_s(model, prompts[:1])
 
@@ -543,7 +541,6 @@ def run_model(name: str, layers: int, batches: list[int], compile_model: bool, b
         if "kernels" in ours:
             row["ours_kernels"], row["bf16_kernels"] = ours["kernels"], bf16[b]["kernels"]
         rows.append(row)
-        result["split_attention"] = _split_attention()
         record(result, rows)
         print(
             f"  {name} ours  batch {b:3d}: {row['ours_tok_s']:9.1f} tok/s  x{row['speedup']:.2f}  "
@@ -583,13 +580,6 @@ def run_model(name: str, layers: int, batches: list[int], compile_model: bool, b
         row["w4a4_logits_cosine_vs_w4a16"] = _cosine_min(w4a4[b], w4a16[b])
     record(result, rows)
     _BANKS.clear()
-
-
-def _split_attention() -> dict[str, bool]:
-    """``decode_attention.attend``'s choices so far: batch x key-value heads x query heads each x
-    dim at the cache length, split or not."""
-    choices = decode_attention.SPLIT_PAYS.items()
-    return {"x".join(map(str, (*shape, length))): pays for (shape, length, _, _), pays in choices}
 
 
 def _run_here(names: list[str], args, out: Path, result: dict) -> None:

@@ -94,24 +94,6 @@ def test_split_decode_attention_is_attention_over_the_visible_cache(
     torch.testing.assert_close(ours, expected, **({} if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)))
 
 
-@pytest.mark.parametrize("split", [True, False])
-def test_attend_is_attention_by_either_arm_it_picks(split, device):
-    """``attend`` runs the arm ``split_pays`` picked for the shape (timed on a GPU, here set):
-    either gives the attention over the visible cache."""
-    from flashrt.bench import decode_attention
-
-    query = torch.randn(2, 2, 4, 16, device=device)
-    key, value = torch.randn(2, 2, 2, 40, 16, device=device)
-    visible = torch.rand(2, 40, device=device) < 0.6
-    visible[:, 0] = True
-    decode_attention.SPLIT_PAYS[(tuple(query.shape), 40, query.dtype, query.device)] = split
-    try:
-        ours = decode_attention.attend(query, key, value, visible, 0.25)
-    finally:
-        decode_attention.SPLIT_PAYS.clear()
-    torch.testing.assert_close(ours, decode_attention.reference(query, key, value, visible, 0.25))
-
-
 def test_split_decode_attention_names_a_bad_mask():
     from flashrt.bench import decode_attention
 
