@@ -348,6 +348,7 @@ def measure(model, compiled, prompt: torch.Tensor, profile_kinds: bool = False) 
         if profile_kinds:
             prefill_graph.replay()  # from position PROMPT again: the cache holds PROMPT + GENERATED + WARM_STEPS
             figures["kernels"] = _kernel_breakdown(step_graph)
+            figures["prefill_kernels"] = _kernel_breakdown(prefill_graph)  # where a prefill over 1.1x goes
     del step_graph, prefill_graph
     return figures
 
@@ -465,6 +466,9 @@ def _cosine_min(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(F.cosine_similarity(a.float(), b.float(), dim=-1).min())
 
 
+_PER_ROW = ("logits", "kernels", "prefill_kernels")  # in the rows, not the bf16 summary
+
+
 def run_model(name: str, layers: int, batches: list[int], compile_model: bool, band_batches: list[int], record) -> None:
     """Both arms of one model; ``record(figures, rows)`` after every step, so a run cut short
     keeps what it measured."""
@@ -490,7 +494,7 @@ def run_model(name: str, layers: int, batches: list[int], compile_model: bool, b
         bf16[b] = measure(model, compiled, prompts[:b], profile_kinds=b in (1, 16))
         figures = bf16[b]
         print(f"  {name} bf16  batch {b:3d}: {figures['decode_tok_s']:9.1f} tok/s  prefill {figures['prefill_ms']:.2f}")
-        result["bf16"] = {b: {k: v for k, v in f.items() if k not in ("logits", "kernels")} for b, f in bf16.items()}
+        result["bf16"] = {b: {k: v for k, v in f.items() if k not in _PER_ROW} for b, f in bf16.items()}
         record(result, rows)
     bf16_generate = generate_tok_s(model, prompts[:1])
 
@@ -538,8 +542,9 @@ def run_model(name: str, layers: int, batches: list[int], compile_model: bool, b
             "warm_steps_s_bf16": bf16[b]["warm_steps_s"],
             "warm_steps_s_ours": ours["warm_steps_s"],
         }
-        if "kernels" in ours:
-            row["ours_kernels"], row["bf16_kernels"] = ours["kernels"], bf16[b]["kernels"]
+        for kernels in ("kernels", "prefill_kernels"):
+            if kernels in ours:
+                row[f"ours_{kernels}"], row[f"bf16_{kernels}"] = ours[kernels], bf16[b][kernels]
         rows.append(row)
         record(result, rows)
         print(
