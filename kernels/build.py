@@ -387,8 +387,10 @@ def builds() -> Iterator[Build]:
             yield from unique(
                 Build("moe_group", moe_fused.moe_group_kernel, _with_constexprs(_GROUP_SIG, consts), consts, 4, 1)
             )
-    for has_scale, has_bias in ((True, False), (True, True), (False, False)):
-        consts = {"SPLIT_K": 4, "HAS_SCALE": has_scale, "HAS_BIAS": has_bias, "BLOCK": linear_mma.REDUCE_BLOCK}
+    for (has_scale, has_bias), block in product(
+        ((True, False), (True, True), (False, False)), linear_mma.REDUCE_BLOCKS
+    ):
+        consts = {"SPLIT_K": 4, "HAS_SCALE": has_scale, "HAS_BIAS": has_bias, "BLOCK": block}
         fn = linear_mma.splitk_reduce_kernel
         yield from unique(Build("splitk_reduce", fn, _with_constexprs(_SPLITK_REDUCE_SIG, consts), consts, 4, 1))
     for cfg, even_k in product(linear_dequant.configs(linear_dequant.MIN_ROWS, 4096, 4096), (True, False)):

@@ -110,7 +110,7 @@ def splitk_reduce_kernel(
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for split in range(SPLIT_K):
+    for split in tl.static_range(SPLIT_K):  # every split's load in flight at once
         acc += tl.load(part_ptr + (split * M + row) * N + offs, mask=mask, other=0.0)
     if HAS_SCALE:
         acc = acc * tl.load(global_scale_ptr)
@@ -119,7 +119,16 @@ def splitk_reduce_kernel(
     tl.store(out_ptr + row * stride_om + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-REDUCE_BLOCK = 1024
+# Elements a reduce program, largest first. At 1024 alone, the 16-token expert bank's grouped down
+# reduced its [8, 16, 2048] partials in 32 programs, each loading its 8 splits one after another:
+# 5.4 us a layer, 0.26 ms of a 7.16 ms Qwen3-30B step (H200, 427f4ad,
+# bench/results/h200-e2e-qwen3-attn-b16.json), for 1 MB; at one token 2 programs did a layer's.
+REDUCE_BLOCKS = (1024, 512, 256, 128)
+
+
+def reduce_block(m: int, n: int) -> int:
+    """The largest block that still launches ``MIN_PROGRAMS`` programs for ``[m, n]``, else the smallest."""
+    return next((b for b in REDUCE_BLOCKS if m * triton.cdiv(n, b) >= MIN_PROGRAMS), REDUCE_BLOCKS[-1])
 
 
 def split_target(out: torch.Tensor, split: int) -> torch.Tensor:
@@ -136,10 +145,11 @@ def reduce_splits(
     """``out = sum of partials in split order * global_scale + bias``: one launch, deterministic.
     No global scale: the partials carry theirs (the ring expert downs fold them into h)."""
     split, m, n = partials.shape
-    splitk_reduce_kernel[(m, triton.cdiv(n, REDUCE_BLOCK))](
+    block = reduce_block(m, n)
+    splitk_reduce_kernel[(m, triton.cdiv(n, block))](
         partials, global_scale if global_scale is not None else out, bias if bias is not None else out, out, m, n,
         out.stride(0), SPLIT_K=split, HAS_SCALE=global_scale is not None, HAS_BIAS=bias is not None,
-        BLOCK=REDUCE_BLOCK, num_warps=4,
+        BLOCK=block, num_warps=4,
     )  # fmt: skip
 
 

@@ -182,6 +182,23 @@ def test_split_k_sums_every_split_once(m, k, split, device):
     assert (out.double() - ref.double()).norm() / ref.double().norm() < 1e-2
 
 
+@pytest.mark.parametrize(("m", "n", "block"), [(300, 1000, 1024), (64, 4096, 512), (40, 2000, 256), (3, 200, 128)])
+def test_reduce_splits_sums_in_split_order_in_blocks_that_fill_the_gpu(m, n, block, device):
+    """The ordered reduce of every split-K and expert-down form: the largest block that still
+    gives ``MIN_PROGRAMS`` programs (small reduces in many small programs), bit for bit the
+    partials summed in split order; then scaled and biased; a ragged last block masked."""
+    assert linear_mma.reduce_block(m, n) == block
+    partials = torch.randn(3, m, n, device=device)
+    summed = torch.full((m, n), float("nan"), device=device)
+    linear_mma.reduce_splits(partials, None, None, summed)
+    assert torch.equal(summed, partials[0] + partials[1] + partials[2])
+    scale = torch.rand((), device=device) + 0.5
+    bias = torch.randn(n, dtype=torch.bfloat16, device=device)
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
+    linear_mma.reduce_splits(partials, scale, bias, out)
+    torch.testing.assert_close(out, (summed * scale + bias.float()).to(torch.bfloat16))
+
+
 @pytest.mark.skipif(not ON_GPU, reason="Gluon has no interpreter: CI builds it and checks its decoder")
 @pytest.mark.parametrize(
     ("m", "k", "split", "stages", "block_m"),
