@@ -466,7 +466,8 @@ def _cosine_min(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(F.cosine_similarity(a.float(), b.float(), dim=-1).min())
 
 
-_PER_ROW = ("logits", "kernels", "prefill_kernels")  # in the rows, not the bf16 summary
+_PROFILES = ("kernels", "prefill_kernels")  # kernel profiles of the step and of the prefill
+_PER_ROW = ("logits", *_PROFILES)  # in the rows, not the bf16 summary
 
 
 def run_model(name: str, layers: int, batches: list[int], compile_model: bool, band_batches: list[int], record) -> None:
@@ -542,7 +543,7 @@ def run_model(name: str, layers: int, batches: list[int], compile_model: bool, b
             "warm_steps_s_bf16": bf16[b]["warm_steps_s"],
             "warm_steps_s_ours": ours["warm_steps_s"],
         }
-        for kernels in ("kernels", "prefill_kernels"):
+        for kernels in _PROFILES:
             if kernels in ours:
                 row[f"ours_{kernels}"], row[f"bf16_{kernels}"] = ours[kernels], bf16[b][kernels]
         rows.append(row)

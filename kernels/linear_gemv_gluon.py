@@ -319,9 +319,9 @@ def configs(m: int, n: int, k: int) -> list[dict]:
 
     if m > 4 or interpreted() or k % 16:
         return []
-    return [
-        {"ROWS": rows, "GROUPS": 1, "WARPS_N": 4 // warps_k, "WARPS_K": warps_k, "PDL": pdl}
+    shapes = [
+        {"ROWS": rows, "GROUPS": 1, "WARPS_N": 4 // warps_k, "WARPS_K": warps_k}
         for rows in (2, 4, 8)
         for warps_k in (1, 2, 4)
-        for pdl in (0, 1)
     ]
+    return shapes + [{**c, "PDL": 1} for c in shapes]
