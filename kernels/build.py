@@ -321,11 +321,6 @@ class Build:
     targets: tuple = TARGETS  # a kernel for one generation's instructions (wgmma: sm_90) lists it
 
 
-def _code(config: dict) -> dict:
-    """A config's constexprs: less ``PDL``, a launch attribute that leaves the code as it is."""
-    return {k: v for k, v in config.items() if k != "PDL"}
-
-
 def _with_constexprs(sig: dict, consts: dict) -> dict:
     return {**sig, **{k: "constexpr" for k in consts}}
 
@@ -363,13 +358,13 @@ def builds() -> Iterator[Build]:
                     sig = _with_constexprs(_LINEAR_SIG, consts)
                 yield from unique(Build(f"linear_{form}", fn, sig, consts, cfg["num_warps"], cfg["num_stages"]))
         for cfg, even_k in product(linear_gemv_gluon.configs(m, 4096, 4096), (True, False)):
-            consts = {"HAS_BIAS": False, "X_FP16": False, "EVEN_K": even_k} | _code(cfg)
+            consts = {"HAS_BIAS": False, "X_FP16": False, "EVEN_K": even_k} | cfg
             fn = linear_gemv_gluon.nvfp4_linear_gemv_gluon_kernel
             sig = _with_constexprs(_GEMV_GLUON_SIG, consts)
             warps = cfg["WARPS_N"] * cfg["WARPS_K"]
             yield from unique(Build("linear_gemv_gluon", fn, sig, consts, warps, 1))
         for cfg in linear_mma_gluon.configs(m, 4096, 4096):
-            sig, consts = _split_build(_GEMV_GLUON_SIG, {"HAS_BIAS": False} | _code(cfg), cfg.get("SPLIT_K", 1))
+            sig, consts = _split_build(_GEMV_GLUON_SIG, {"HAS_BIAS": False} | cfg, cfg.get("SPLIT_K", 1))
             fn = linear_mma_gluon.nvfp4_linear_mma_gluon_kernel
             yield from unique(Build("linear_mma_gluon", fn, sig, consts, cfg["WARPS"], 1))
         for cfg in linear_wgmma_gluon.configs(m, 4096, 4096):

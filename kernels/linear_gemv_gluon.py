@@ -28,7 +28,6 @@ import triton
 from flashrt.kernels.decode import placed_pairs, shift_ptx
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 # Pair i of a 32-bit word is (element i, element i + 4): 16 bits apart, so one shift serves both.
 MAGNITUDE_SHIFT = tuple(9 - 4 * i for i in range(4))  # code bits 0-2 of element i -> fp16 bits 9-11
@@ -190,10 +189,6 @@ def rows_dot(
     acc = gl.zeros([ROWS * WARPS_N, STEP_GROUPS, 2], gl.float32, layout=WORDS)
     w, scale = load_step(words_ptr, scales_ptr, 0, groups_k, word_off, scale_off, row_mask, group, EVEN_K)
     w1, scale1 = load_step(words_ptr, scales_ptr, STEP_GROUPS, groups_k, word_off, scale_off, row_mask, group, EVEN_K)
-    # Launched with PDL (``launch_pdl``), the program starts while the kernel before it finishes:
-    # the first two steps' weights, which no kernel writes, load meanwhile; the activations,
-    # which that kernel may still be writing, only after. A no-op launched without it.
-    gdc_wait()
     for g0 in range(0, groups_k, STEP_GROUPS):
         # The next two steps' bytes are in flight while this one computes (H200: loading at the
         # top of the step never won a shape; two ahead against one, qkv at M=1 9.1 to 8.9 us).
@@ -202,7 +197,6 @@ def rows_dot(
         )
         acc = accumulate(acc, w, scale, 1.0, x_pairs, g0, groups_k, x_group, pair_off, X_FP16)
         w, scale, w1, scale1 = w1, scale1, w2, scale2
-    gdc_launch_dependents()  # every read done: a PDL kernel after this one may start
     return gl.sum(gl.sum(acc, axis=2), axis=1)
 
 
@@ -298,7 +292,6 @@ def launch(
         WARPS_N=config["WARPS_N"],
         WARPS_K=config["WARPS_K"],
         num_warps=config["WARPS_N"] * config["WARPS_K"],
-        launch_pdl=bool(config.get("PDL", 0)),
     )
     return out
 
@@ -310,18 +303,14 @@ def configs(m: int, n: int, k: int) -> list[dict]:
     a word column), so fewer than 2 rows spend more on activations than on weights. Four warps,
     along N or splitting K: a 4096-row layer in blocks of 32 rows is 128 programs, fewer than the
     H200's 132 SMs. 8-byte loads (one scale group a thread a step): 16-byte loads never won a
-    shape on the H200. Each also launched with PDL (``PDL``): at one token a Qwen3-30B-A3B
-    projection ran 4.9 us for 5 MB, 1 TB/s (H200, 427f4ad, ``h200-e2e-qwen3-attn-b1.json``),
-    mostly a launch's ramp, which PDL overlaps with the kernel before; the tuner times every
-    config after a kernel (its L2 flush), as a decode step runs it.
+    shape on the H200.
     """
     from flashrt.kernels.decode import interpreted
 
     if m > 4 or interpreted() or k % 16:
         return []
-    shapes = [
+    return [
         {"ROWS": rows, "GROUPS": 1, "WARPS_N": 4 // warps_k, "WARPS_K": warps_k}
         for rows in (2, 4, 8)
         for warps_k in (1, 2, 4)
     ]
-    return shapes + [{**c, "PDL": 1} for c in shapes]

@@ -39,7 +39,6 @@ from flashrt.kernels.linear_mma import reduce_splits, split_ks, split_target
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 # Triton 3.6 and 3.9 name these two differently.
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
@@ -188,29 +187,13 @@ def _start(
 ):  # fmt: skip
     """Start the copies of step ``step`` into ring slot ``slot`` as one copy group, an empty one
     past the last step (the waits count groups)."""
-    _start_weights(
-        step, slot, steps, words_ring, scales_ring, words_ptr, scales_ptr, first, word_off, scale_off, walk_words,
-        walk_scales, EXPERT_STEPS,
-    )  # fmt: skip
-    _start_activations(step, slot, steps, x_ring, x_ptr, first, x_off, x_mask)
-    async_copy.commit_group()
-
-
-@gluon.jit
-def _start_weights(
-    step, slot, steps, words_ring, scales_ring, words_ptr, scales_ptr, first, word_off, scale_off, walk_words,
-    walk_scales, EXPERT_STEPS: gl.constexpr,
-):  # fmt: skip
     if step < steps:
-        words_at, scales_at = _step_offsets(first + step, walk_words, walk_scales, EXPERT_STEPS)
+        at = first + step
+        words_at, scales_at = _step_offsets(at, walk_words, walk_scales, EXPERT_STEPS)
         _async_load(words_ring.index(slot), words_ptr + words_at + word_off)
         _async_load(scales_ring.index(slot), scales_ptr + scales_at + scale_off)
-
-
-@gluon.jit
-def _start_activations(step, slot, steps, x_ring, x_ptr, first, x_off, x_mask):
-    if step < steps:
-        _async_load(x_ring.index(slot), x_ptr + (first + step) * (32 * V) + x_off, mask=x_mask)
+        _async_load(x_ring.index(slot), x_ptr + at * (32 * V) + x_off, mask=x_mask)
+    async_copy.commit_group()
 
 
 @gluon.jit
@@ -218,24 +201,12 @@ def _prime(
     words_ring, scales_ring, x_ring, words_ptr, scales_ptr, x_ptr, first, steps, word_off, scale_off, x_off, x_mask,
     STAGES: gl.constexpr, walk_words=0, walk_scales=0, EXPERT_STEPS: gl.constexpr = 0,
 ):  # fmt: skip
-    """Start the ring's first ``STAGES - 1`` steps: their weights, then (``gdc_wait``) their
-    activations, step s's in copy group s (the first group also holds the later steps' weights,
-    which only lands them sooner than their own group would).
-
-    Launched with PDL (``launch_pdl``, the ``PDL`` configs), a program starts while the kernel
-    before it finishes; the weights, which no kernel writes, are copied meanwhile, and whatever
-    that kernel writes is read only after the wait. A no-op launched without PDL. A kernel that
-    reads anything a kernel before it writes ahead of the ring (the expert banks read the
-    routing) must not be launched with PDL."""
+    """Start the ring's first ``STAGES - 1`` steps."""
     for s in gl.static_range(STAGES - 1):
-        _start_weights(
-            s, s, steps, words_ring, scales_ring, words_ptr, scales_ptr, first, word_off, scale_off, walk_words,
-            walk_scales, EXPERT_STEPS,
+        _start(
+            s, s, steps, words_ring, scales_ring, x_ring, words_ptr, scales_ptr, x_ptr, first, word_off, scale_off,
+            x_off, x_mask, walk_words, walk_scales, EXPERT_STEPS,
         )  # fmt: skip
-    gdc_wait()
-    for s in gl.static_range(STAGES - 1):
-        _start_activations(s, s, steps, x_ring, x_ptr, first, x_off, x_mask)
-        async_copy.commit_group()
 
 
 @gluon.jit
@@ -349,7 +320,6 @@ def _ring_product(
         b = gl.convert_layout(gl.reshape(x, (BLOCK_K, MMA_M)), B_OP, assert_trivial=True)
         acc = mma_v2(a, b, acc)
     async_copy.wait_group(0)
-    gdc_launch_dependents()  # every read done: a PDL kernel after this one may start
     return acc
 
 
@@ -504,7 +474,6 @@ def launch_ring(
         STAGES=config["STAGES"],
         SPLIT_K=split,
         num_warps=config["WARPS"],
-        launch_pdl=bool(config.get("PDL", 0)),
         **constexprs,
     )
     if split > 1:
@@ -516,7 +485,6 @@ def launch_ring(
 # compiler's own. sm_120 gives 99 KiB: there the larger rings fail to launch and are refused.
 RING_BYTES = 224 << 10
 MAX_TOKENS = 128  # from here on the tensor-core forms with larger tiles (mma, dequant) win
-PDL_TOKENS = 16  # decode batches, where a launch's ramp is a share of the kernel worth overlapping
 
 
 def ring_bytes(config: dict) -> int:
@@ -539,9 +507,7 @@ def configs(m: int, n: int, k: int) -> list[dict]:
     the H200 six stages never won a shape at 1-64 tokens, and cost occupancy. Where the tiles
     make too few programs, ``linear_mma.split_ks`` variants that reach it (each split at
     least two steps): H200, the 4096 x 14336 down projection at 1-8 tokens in 18 us split in 4,
-    against 30 us unsplit. Up to ``PDL_TOKENS`` tokens each also launched with PDL (``_prime``):
-    at one token the whole ring is a few microseconds, of which the first copies' latency is a
-    part PDL can overlap with the kernel before (the tuner times every config after one).
+    against 30 us unsplit.
     """
     from flashrt.kernels.decode import interpreted
 
@@ -555,7 +521,7 @@ def configs(m: int, n: int, k: int) -> list[dict]:
                 base = {"BLOCK_M": block_m, "ROW_TILES": tiles, "WARPS": warps, "STAGES": stages}
                 if ring_bytes(base) > RING_BYTES:
                     continue
+                out.append(base)
                 programs = triton.cdiv(n, 16 * tiles * warps) * triton.cdiv(m, block_m)
-                shapes = [base] + [{**base, "SPLIT_K": s} for s in split_ks(programs, k, BLOCK_K)]
-                out += shapes + ([{**c, "PDL": 1} for c in shapes] if m <= PDL_TOKENS else [])
+                out += [{**base, "SPLIT_K": s} for s in split_ks(programs, k, BLOCK_K)]
     return out

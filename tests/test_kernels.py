@@ -182,63 +182,6 @@ def test_split_k_sums_every_split_once(m, k, split, device):
     assert (out.double() - ref.double()).norm() / ref.double().norm() < 1e-2
 
 
-@pytest.fixture(scope="module")
-def late_writer():
-    """A kernel that lets its PDL dependents start at once (``gdc_launch_dependents``), then
-    spins ``ns`` nanoseconds and only then writes ``dst`` (one program, ``BLOCK`` elements)."""
-    import triton
-    import triton.language as tl
-    from triton.language.extra.cuda import gdc_launch_dependents, globaltimer
-
-    @triton.jit
-    def kernel(src_ptr, dst_ptr, ns, BLOCK: tl.constexpr):
-        gdc_launch_dependents()
-        start = globaltimer()
-        while globaltimer() - start < ns:
-            pass
-        offs = tl.arange(0, BLOCK)
-        tl.store(dst_ptr + offs, tl.load(src_ptr + offs))
-
-    return kernel
-
-
-@pytest.mark.skipif(not ON_GPU, reason="PDL and Gluon need a compiled GPU")
-@pytest.mark.parametrize(
-    ("form", "config"),
-    [
-        ("gemv_gluon", {"ROWS": 4, "GROUPS": 1, "WARPS_N": 4, "WARPS_K": 1}),
-        ("mma_gluon", {"BLOCK_M": 1, "ROW_TILES": 1, "WARPS": 2, "STAGES": 3}),
-        ("mma_gluon", {"BLOCK_M": 1, "ROW_TILES": 2, "WARPS": 2, "STAGES": 4, "SPLIT_K": 2}),
-    ],
-)
-def test_forms_launched_with_pdl_read_what_the_kernel_before_wrote(form, config, late_writer, device):
-    """With PDL a form starts while the kernel before it runs (that kernel lets it, then spends
-    50 us before writing the activations): its weights may load meanwhile, its activations only
-    after that kernel is done (``gdc_wait``); eagerly and in a CUDA graph, split or not."""
-    k, mod = 4096, GLUON_FORMS[form]
-    q = nvfp4.quantize(torch.randn(1000, k, dtype=torch.bfloat16, device=device))
-    source = torch.randn(1, k, dtype=torch.bfloat16, device=device)
-    x = torch.empty_like(source)
-    out = torch.empty(1, 1000, dtype=torch.bfloat16, device=device)
-    assert {**config, "PDL": 1} in mod.configs(1, 1000, k) or "SPLIT_K" in config
-
-    def step():
-        x.fill_(float("nan"))
-        late_writer[(1,)](source, x, 50_000, BLOCK=k)
-        mod.launch(x, q.packed, q.scales, q.global_scale, None, out, {**config, "PDL": 1}, False)
-
-    expected = torch.empty_like(out)
-    mod.launch(source, q.packed, q.scales, q.global_scale, None, expected, config, False)
-    step()
-    torch.testing.assert_close(out, expected, rtol=0, atol=0)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    out.fill_(float("nan"))
-    graph.replay()
-    torch.testing.assert_close(out, expected, rtol=0, atol=0)
-
-
 @pytest.mark.parametrize(("m", "n", "block"), [(300, 1000, 1024), (64, 4096, 512), (40, 2000, 256), (3, 200, 128)])
 def test_reduce_splits_sums_in_split_order_in_blocks_that_fill_the_gpu(m, n, block, device):
     """The ordered reduce of every split-K and expert-down form: the largest block that still
