@@ -27,6 +27,7 @@ from flashrt.kernels import (
     moe_gemv_gluon,
     moe_ring_gluon,
     moe_w4a4,
+    permute_steps,
     quantizer,
 )
 
@@ -297,6 +298,7 @@ _MOE_REDUCE_SIG = {
     "stride_ym": "i32",
     "stride_om": "i32",
 }
+_PERMUTE_SIG = {"x_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "stride_xm": "i32", "stride_om": "i32"}
 _DEQUANT_SIG = {
     "packed_ptr": "*u8",
     "scales_ptr": "*u8",
@@ -371,6 +373,9 @@ def builds() -> Iterator[Build]:
             sig, consts = _split_build(_GEMV_GLUON_SIG, {"HAS_BIAS": False} | cfg, cfg.get("SPLIT_K", 1))
             fn = linear_wgmma_gluon.nvfp4_linear_wgmma_gluon_kernel
             yield from unique(Build("linear_wgmma_gluon", fn, sig, consts, cfg["WARPS"], 1, (90,)))
+    consts = {"ROWS": permute_steps.ROWS, "V": permute_steps.V}
+    fn = permute_steps.permute_steps_kernel
+    yield from unique(Build("permute_steps", fn, _with_constexprs(_PERMUTE_SIG, consts), consts, 4, 1, (90,)))
     for t in _TOKENS:
         for cfg in moe_fused.configs(t, 768, 2048):
             for weight_bf16, even_k in product((False, True), (True, False)):

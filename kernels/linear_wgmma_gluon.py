@@ -10,8 +10,8 @@ step into registers for its 16 weight rows, a shared-memory read that grows with
 
 The decode chooses the K order of the pairs it makes (see ``linear_mma_gluon``); the ring form
 permutes the activations to that order in registers, here the launcher permutes them once per
-call (``permuted_activations``: a copy of ``x``, 1 MB at 128 tokens of a 4096-wide layer), so
-the ring holds them as the MMA reads them.
+call (``permute_steps``: a copy of ``x``, 1 MB at 128 tokens of a 4096-wide layer), so the ring
+holds them as the MMA reads them.
 
 H200, the 28672 x 4096 gate_up at 128 tokens: Triton's own ``tl.dot`` on register-decoded
 weights (``bench/probe_prefill.py``: wgmma through shared memory, one buffer) ran it in 100 us,
@@ -39,6 +39,7 @@ from flashrt.kernels.linear_mma_gluon import (
     launch_ring,
     words_layout,
 )
+from flashrt.kernels.permute_steps import permute_steps
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
@@ -156,15 +157,6 @@ def nvfp4_linear_wgmma_gluon_kernel(
     )
 
 
-def permuted_activations(x: torch.Tensor) -> torch.Tensor:
-    """``x [M, K]`` with each 256-wide step of K in the order the decode makes its pairs:
-    natural ``k = 64 t + 8 v + 4 e + 2 q1 + q0`` goes to ``32 v + 16 q1 + 8 q0 + 2 t + e``
-    (``linear_mma_gluon`` permutes its activation registers the same way)."""
-    m, k = x.shape
-    steps = x.reshape(m, k // BLOCK_K, 4, V, 2, 2, 2)  # t, v, e, q1, q0
-    return steps.permute(0, 1, 3, 5, 6, 2, 4).reshape(m, k)
-
-
 def qualifies(capability: tuple[int, int] | None) -> bool:
     """``wgmma`` is sm_90a's alone: Blackwell has ``tcgen05`` instead, Ampere neither."""
     from flashrt.kernels.decode import interpreted
@@ -189,7 +181,7 @@ def launch(
         )
     kernel = nvfp4_linear_wgmma_gluon_kernel
     return launch_ring(
-        kernel, permuted_activations, x, packed, scales, global_scale, bias, out, config,
+        kernel, permute_steps, x, packed, scales, global_scale, bias, out, config,
         ASYNC_MMA=config["ASYNC_MMA"],
     )  # fmt: skip
 

@@ -24,6 +24,7 @@ from flashrt.kernels import (
     moe_w4a4,
     nvfp4,
     ops,
+    permute_steps,
 )
 from flashrt.kernels.decode import use_prmt
 from flashrt.kernels.nvfp4 import NVFP4Weight
@@ -266,7 +267,7 @@ class _Recorder:
         return lambda *args, **kwargs: self.calls.append((self.name, grid, args, kwargs))
 
 
-def test_ring_launchers_hand_their_kernels_words_tiles_and_splits(monkeypatch):
+def test_ring_launchers_hand_their_kernels_words_tiles_and_splits(monkeypatch, device):
     """What CI can check of the two ring forms without a GPU: what their launcher hands the
     kernel. The weight as int32 words of the same bytes (strides in words), one program a row
     tile, token tile and split, fp32 partials for the reduce, the activations as they are (the
@@ -276,16 +277,16 @@ def test_ring_launchers_hand_their_kernels_words_tiles_and_splits(monkeypatch):
     calls = []
     monkeypatch.setattr(linear_mma_gluon, "nvfp4_linear_mma_gluon_kernel", _Recorder(calls))
     monkeypatch.setattr(linear_wgmma_gluon, "nvfp4_linear_wgmma_gluon_kernel", _Recorder(calls))
-    monkeypatch.setattr(linear_mma, "splitk_reduce_kernel", _Recorder(calls, "reduce"))  # CPU tensors, even on a GPU
-    q = nvfp4.quantize(torch.randn(1000, 2048, dtype=torch.bfloat16))
-    x = torch.randn(130, 2048, dtype=torch.bfloat16)
+    monkeypatch.setattr(linear_mma, "splitk_reduce_kernel", _Recorder(calls, "reduce"))
+    q = nvfp4.quantize(torch.randn(1000, 2048, dtype=torch.bfloat16, device=device))
+    x = torch.randn(130, 2048, dtype=torch.bfloat16, device=device)
     forms = (
         (linear_mma_gluon, {"BLOCK_M": 32, "ROW_TILES": 2, "WARPS": 4, "STAGES": 3, "SPLIT_K": 3}, x),
         (linear_wgmma_gluon, {"BLOCK_M": 128, "ROW_TILES": 1, "WARPS": 8, "STAGES": 2, "SPLIT_K": 3, "ASYNC_MMA": 1},
-         linear_wgmma_gluon.permuted_activations(x)),
+         permute_steps.permute_steps_reference(x)),
     )  # fmt: skip
     for mod, config, handed in forms:
-        out = torch.zeros(130, 1000, dtype=torch.bfloat16)
+        out = torch.zeros(130, 1000, dtype=torch.bfloat16, device=device)
         mod.launch(x, q.packed, q.scales, q.global_scale, None, out, config, False)
         (_, grid, args, kwargs), (reduce, _, reduce_args, reduce_kwargs) = calls[-2:]
         assert reduce == "reduce" and reduce_args[0] is args[5] and reduce_args[3] is out
@@ -313,9 +314,22 @@ def test_wgmma_form_permutes_activations_into_the_order_its_decode_makes_pairs()
     decoded = w.reshape(rows, k // 256, 4, 4, 2, 2, 2, 2)  # t, g, h, e, q1, q0: k = 64t + 8(2g + h) + 4e + 2q1 + q0
     decoded = decoded.permute(0, 1, 3, 4, 6, 7, 2, 5).reshape(rows, k)
     x = torch.randn(5, k, dtype=torch.float64)
-    permuted = linear_wgmma_gluon.permuted_activations(x)
+    permuted = permute_steps.permute_steps_reference(x)
     torch.testing.assert_close(permuted @ decoded.t(), x @ w.t())
     assert not torch.allclose(x @ decoded.t(), x @ w.t()), "the order matters"
+
+
+@pytest.mark.parametrize(("m", "k"), [(1, 256), (17, 768), (33, 2048)])
+def test_permute_steps_moves_every_element_where_the_reference_does(m, k, device):
+    """The launch's permutation, rows past a program's 8 and a row stride past K included, is the
+    reference's bit for bit (it moves elements, nothing rounds); the rows of ``x`` beyond K are
+    left alone."""
+    wide = torch.randn(m, k + 16, dtype=torch.bfloat16, device=device)
+    x = wide[:, :k]
+    before = wide.clone()
+    out = permute_steps.permute_steps(x)
+    assert torch.equal(out, permute_steps.permute_steps_reference(x.contiguous()))
+    assert torch.equal(wide, before)
 
 
 def test_wgmma_form_is_offered_only_on_hopper(monkeypatch):

@@ -1,0 +1,52 @@
+"""Activations permuted into the decode's K order, for the ``wgmma`` form (``linear_wgmma_gluon``).
+
+The ring forms decode each weight step into pairs in an order of their own (``linear_mma_gluon``):
+within a 256-wide step of K, natural ``k = 64 t + 8 v + 4 e + 2 q1 + q0`` sits at
+``32 v + 16 q1 + 8 q0 + 2 t + e``. The ``wgmma`` form reads its activations from shared memory as
+the tensor cores take them, so its launcher permutes ``x`` once a call. As a torch
+``reshape``/``permute``/``reshape`` that copy went through ATen's generic strided copy: in the
+Llama-3-8B-shaped prefill on the H200 (85e7a7a, ``h200-e2e-llama-pdl-85e7a7a.json``, 128
+tokens) it added 0.52 ms of copies to the 4.96 ms of the form's GEMMs, 4.1 us a call for 1 MB.
+This kernel gathers each step's 256 elements from one 512-byte row segment, which the loads of
+a warp share through L1, and writes them in order.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from flashrt.kernels.linear_mma_gluon import WORDS_PER_THREAD as V  # a step is 32 V elements
+
+# Rows a program: 8 x 256 elements, 16 a thread of 4 warps. At 17 tokens a 4096-wide layer is
+# still 48 programs and a 14336-wide one 168, at 128 tokens 256 and 896.
+ROWS = 8
+
+
+@triton.jit
+def permute_steps_kernel(x_ptr, out_ptr, M, stride_xm, stride_om, ROWS: tl.constexpr, V: tl.constexpr):
+    """``out[r, 256 s + p] = x[r, 256 s + natural(p)]`` for rows ``ROWS`` of program 0's axis and step s."""
+    STEP: tl.constexpr = 32 * V
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    step = tl.program_id(1)
+    p = tl.arange(0, STEP)
+    natural = 8 * V * ((p // 2) % 4) + 8 * (p // 32) + 4 * (p % 2) + 2 * ((p // 16) % 2) + (p // 8) % 2
+    mask = rows[:, None] < M
+    vals = tl.load(x_ptr + rows[:, None] * stride_xm + step * STEP + natural[None, :], mask=mask)
+    tl.store(out_ptr + rows[:, None] * stride_om + step * STEP + p[None, :], vals, mask=mask)
+
+
+def permute_steps(x: torch.Tensor) -> torch.Tensor:
+    """``x [M, K]`` (unit stride along K, K in whole 256-wide steps) in the decode's K order, one launch."""
+    m, k = x.shape
+    out = torch.empty(m, k, dtype=x.dtype, device=x.device)
+    grid = (triton.cdiv(m, ROWS), k // (32 * V))
+    permute_steps_kernel[grid](x, out, m, x.stride(0), out.stride(0), ROWS=ROWS, V=V, num_warps=4)
+    return out
+
+
+def permute_steps_reference(x: torch.Tensor) -> torch.Tensor:
+    """``permute_steps`` in plain torch: each step as ``[t, v, e, q1, q0]`` read as ``[v, q1, q0, t, e]``."""
+    m, k = x.shape
+    steps = x.reshape(m, k // (32 * V), 4, V, 2, 2, 2)
+    return steps.permute(0, 1, 3, 5, 6, 2, 4).reshape(m, k)
