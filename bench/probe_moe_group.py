@@ -9,22 +9,11 @@ import json
 import sys
 
 import torch
-import triton
 from flashrt.bench.kernels import provenance
 from flashrt.bench.timing import graph_us
 from flashrt.kernels import moe_fused, moe_ring_gluon
 
 EXPERTS, TOP_K = 128, 8  # Qwen3-30B-A3B
-
-
-def group(ids: torch.Tensor, out: moe_fused.Grouping, warps: int) -> None:
-    """``group_pairs``'s launch into ``out``, at ``warps`` warps."""
-    pairs = ids.numel()
-    block_pairs = min(moe_fused.GROUP_PAIRS, max(16, triton.next_power_of_2(pairs)))
-    moe_fused.moe_group_kernel[(triton.cdiv(pairs, block_pairs),)](
-        ids.reshape(-1), *out[:4], pairs, EXPERTS, E_POW2=EXPERTS, BLOCK_PAIRS=block_pairs,
-        BLOCK_M=moe_ring_gluon.GROUP_TILE, num_warps=warps,
-    )  # fmt: skip
 
 
 def main() -> None:
@@ -34,9 +23,8 @@ def main() -> None:
         g = moe_fused.group_pairs(ids, EXPERTS, moe_ring_gluon.GROUP_TILE)
         row = {"T": tokens, "pairs": ids.numel()}
         for warps in (4, 8, 16):
-            out = moe_fused.Grouping(*(torch.full_like(t, -1) for t in g[:4]), g.rows)
-            launch = functools.partial(group, ids, out, warps)
-            launch()
+            launch = functools.partial(moe_fused.group_pairs, ids, EXPERTS, moe_ring_gluon.GROUP_TILE, warps)
+            out = launch()
             held = g.pair_rows.long()  # rows that hold a pair; the padding rows are never written
             same = [torch.equal(out[i], g[i]) for i in (0, 1, 3)] + [torch.equal(out[2][held], g[2][held])]
             assert all(same), (warps, same)

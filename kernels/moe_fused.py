@@ -261,8 +261,8 @@ class Grouping(NamedTuple):
     rows: int
 
 
-def group_pairs(topk_ids: torch.Tensor, experts: int, block_m: int) -> Grouping:
-    """The ``group`` launch: one program per 128 pairs."""
+def group_pairs(topk_ids: torch.Tensor, experts: int, block_m: int, num_warps: int = 4) -> Grouping:
+    """The ``group`` launch: one program per 128 pairs (``bench/probe_moe_group.py`` times its warps)."""
     pairs = topk_ids.numel()
     rows = max_rows(pairs, experts, block_m)
     device = topk_ids.device
@@ -285,7 +285,7 @@ def group_pairs(topk_ids: torch.Tensor, experts: int, block_m: int) -> Grouping:
         E_POW2=triton.next_power_of_2(experts),
         BLOCK_PAIRS=block_pairs,
         BLOCK_M=block_m,
-        num_warps=4,
+        num_warps=num_warps,
     )
     return g
 
