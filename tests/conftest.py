@@ -4,7 +4,12 @@
 """
 
 import os
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
 
+import background_build
 import pytest
 import torch
 
@@ -38,11 +43,43 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
+_BUILD_DIR = pytest.StashKey[Path]()
+
+
+def pytest_configure(config):
+    """One build directory a session: xdist's controller makes it and hands it to its workers."""
+    given = getattr(config, "workerinput", {}).get("flashrt_build_dir")
+    config.stash[_BUILD_DIR] = Path(given or Path(tempfile.gettempdir()) / f"flashrt-build-{uuid.uuid4().hex}")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    node.workerinput["flashrt_build_dir"] = str(node.config.stash[_BUILD_DIR])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    """The controller starts the builds when a worker has collected their tests."""
+    if any(i.split("::")[0].endswith("test_build.py") for i in ids):
+        background_build.start(node.config.stash[_BUILD_DIR])
+
+
+@pytest.fixture(scope="session")
+def build_dir(pytestconfig) -> Path:
+    return pytestconfig.stash[_BUILD_DIR]
+
+
 def pytest_collection_modifyitems(config, items):
-    """Start the ahead-of-time kernel builds now, in the background, and check them last
-    (tests/test_build.py says why)."""
-    builds = [item for item in items if hasattr(getattr(item, "module", None), "start_background_build")]
+    """Start the ahead-of-time kernel builds now, in the background, unless xdist's controller
+    does, and check them last (tests/test_build.py says why)."""
+    builds = [item for item in items if item.path.name == "test_build.py"]
     if builds and not config.option.collectonly:
-        builds[0].module.start_background_build()
+        if not hasattr(config, "workerinput"):
+            background_build.start(config.stash[_BUILD_DIR])
         last = set(builds)
         items[:] = [item for item in items if item not in last] + builds
+
+
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput"):
+        shutil.rmtree(config.stash[_BUILD_DIR], ignore_errors=True)

@@ -15,56 +15,21 @@ at the lowest CPU priority, and runs these tests last; they read what the builds
 ``python -m flashrt.kernels.build`` builds every configuration.
 """
 
-import atexit
-import functools
-import os
 import subprocess
 import sys
-import tempfile
 
 import pytest
+from background_build import compile_env, output
 from flashrt.kernels.build import TARGETS
-
-_BACKGROUND: dict = {}
-
-
-def _compile_env() -> dict:
-    """The environment of every compile here. Triton's cache key holds the variables that change
-    code, ``TRITON_DEFAULT_FP_FUSION`` among them: with one environment the checks after the
-    builds find their kernels in the cache (cold, they compiled them again: 4 minutes)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    return env
-
-
-def start_background_build() -> None:
-    """Build every target in one process at the lowest CPU priority, once a session."""
-    if _BACKGROUND:
-        return
-    log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (read by the last build test)
-    command = ["nice", "-n", "19", sys.executable, "-m", "flashrt.kernels.build", "--pairwise", *map(str, TARGETS)]
-    proc = subprocess.Popen(command, env=_compile_env(), stdout=log, stderr=subprocess.STDOUT, text=True)
-    atexit.register(proc.kill)  # a session cut short leaves no build behind
-    _BACKGROUND.update(proc=proc, log=log)
-
-
-@functools.cache
-def _build_output() -> str:
-    """What the builds printed, waited for and read once for every target's test."""
-    start_background_build()
-    _BACKGROUND["proc"].wait()
-    log = _BACKGROUND["log"]
-    log.seek(0)
-    return log.read()
 
 
 @pytest.mark.timeout(2400)  # the first of these waits for the whole build when it started late
 @pytest.mark.parametrize("arch", TARGETS)
-def test_every_kernel_builds_for(arch):
-    output = _build_output()
-    failures = [line for line in output.splitlines() if line.startswith(f"sm_{arch} ")]
+def test_every_kernel_builds_for(arch, build_dir):
+    printed = output(build_dir)
+    failures = [line for line in printed.splitlines() if line.startswith(f"sm_{arch} ")]
     assert not failures, "\n".join(failures)[-4000:]
-    assert f"sm_{arch}: " in output, output[-4000:]
+    assert f"sm_{arch}: " in printed, printed[-4000:]
 
 
 def test_gluon_gemvs_keep_every_operand_in_registers_and_the_mma_form_streams_through_its_ring():
@@ -103,7 +68,7 @@ for b in kernels:
         assert shared <= final_sum, (arch, b.name, b.constexprs, shared)
 print("checked", len(kernels))
 """
-    done = subprocess.run([sys.executable, "-c", code], env=_compile_env(), capture_output=True, text=True, timeout=900)
+    done = subprocess.run([sys.executable, "-c", code], env=compile_env(), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "checked" in done.stdout
 
@@ -124,7 +89,7 @@ for name in ("linear_w4a4", "moe_gate_up_w4a4", "moe_down_w4a4"):
             sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
         print(arch, name, sorted(set(re.findall(r"\\b(UTC\\w*MMA[\\w.]*|OMMA[\\w.]*|HMMA[\\w.]*)", sass))))
 """
-    done = subprocess.run([sys.executable, "-c", code], env=_compile_env(), capture_output=True, text=True, timeout=900)
+    done = subprocess.run([sys.executable, "-c", code], env=compile_env(), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [line for line in done.stdout.splitlines() if line[:3] in ("100", "110", "120")]
     assert len({tuple(line.split(" ", 2)[:2]) for line in lines}) == 9, done.stdout
