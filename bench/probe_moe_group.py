@@ -1,7 +1,8 @@
 """The expert bank's grouping launch (``moe_fused.group_pairs``) at 4, 8 and 16 warps, same run.
 At 427f4ad on the H200 it took 6.3 us a layer in the Qwen3-30B-A3B step at 16 tokens (0.30 ms
 of 7.16, one program of 128 pairs at 4 warps), and ptxas gives that program 230 registers a
-thread at 4 warps and 116 at 16 (sm_90a). ``python3 bench/probe_moe_group.py OUT.json`` with
+thread at 4 warps and 116 at 16 (sm_90a); at c58d18d (``h200-probe-moe-group-c58d18d.json``) 8
+warps were fastest up to 32 tokens, hence ``moe_fused.GROUP_WARPS``. ``python3 bench/probe_moe_group.py OUT.json`` with
 flashrt importable (``bench/gpu_run.sh`` makes it so); times are ``timing.graph_us``."""
 
 import functools

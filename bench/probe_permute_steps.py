@@ -1,10 +1,10 @@
-"""The ``wgmma`` form's activation permute, same run: the shipped gather (``permute_steps``)
-against a transpose in registers (16-byte loads and stores, the compiler's shuffle between
-them), ATen's strided copy (what it replaced) and a plain copy of the same bytes (the floor).
-At d1dd53c on the H200 the gather took 3.1 us a call in the Llama prefill (0.40 ms of 10.84),
-its 2-byte loads rather than its bytes the bound. ``python3 bench/probe_permute_steps.py
-OUT.json`` with flashrt importable (``bench/gpu_run.sh`` makes it so); times are
-``timing.graph_us`` (CUDA graph, inputs rotated past L2)."""
+"""The ``wgmma`` form's activation permute, same run: the shipped transpose in registers
+(``permute_steps``, 16-byte loads and stores) at 8 and 16 rows a program, against the gather it
+replaced (2-byte loads from one row segment a step), ATen's strided copy (what the gather
+replaced) and a plain copy of the same bytes (the floor). At c58d18d on the H200
+(``h200-probe-permute-steps-c58d18d.json``) the transpose took 1.23-4.71 us, the gather 1.73-10.13.
+``python3 bench/probe_permute_steps.py OUT.json`` with flashrt importable (``bench/gpu_run.sh``
+makes it so); times are ``timing.graph_us`` (CUDA graph, inputs rotated past L2)."""
 
 import json
 import sys
@@ -18,32 +18,30 @@ from flashrt.kernels import permute_steps
 
 
 @triton.jit
-def permute_steps_transposed_kernel(x_ptr, out_ptr, M, stride_xm, stride_om, ROWS: tl.constexpr, V: tl.constexpr):
-    """``permute_steps_kernel``'s result from a contiguous tile: ``[t, v, e, q1, q0]`` permuted
-    to ``[v, q1, q0, t, e]`` in registers."""
+def permute_steps_gather_kernel(x_ptr, out_ptr, M, stride_xm, stride_om, ROWS: tl.constexpr, V: tl.constexpr):
+    """``permute_steps_kernel``'s result gathered: each output element loads its natural index."""
     STEP: tl.constexpr = 32 * V
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     step = tl.program_id(1)
-    cols = tl.arange(0, STEP)
+    p = tl.arange(0, STEP)
+    natural = 8 * V * ((p // 2) % 4) + 8 * (p // 32) + 4 * (p % 2) + 2 * ((p // 16) % 2) + (p // 8) % 2
     mask = rows[:, None] < M
-    tile = tl.load(x_ptr + rows[:, None] * stride_xm + step * STEP + cols[None, :], mask=mask)
-    tile = tl.reshape(tile, (ROWS, 4, V, 2, 2, 2))
-    tile = tl.reshape(tl.permute(tile, (0, 2, 4, 5, 1, 3)), (ROWS, STEP))
-    tl.store(out_ptr + rows[:, None] * stride_om + step * STEP + cols[None, :], tile, mask=mask)
+    vals = tl.load(x_ptr + rows[:, None] * stride_xm + step * STEP + natural[None, :], mask=mask)
+    tl.store(out_ptr + rows[:, None] * stride_om + step * STEP + p[None, :], vals, mask=mask)
 
 
-def transposed(x: torch.Tensor, rows: int = permute_steps.ROWS) -> torch.Tensor:
+def launch(kernel, x: torch.Tensor, rows: int = permute_steps.ROWS) -> torch.Tensor:
     m, k = x.shape
     out = torch.empty_like(x)
     grid = (triton.cdiv(m, rows), k // (32 * permute_steps.V))
-    permute_steps_transposed_kernel[grid](x, out, m, x.stride(0), out.stride(0), ROWS=rows, V=permute_steps.V)
+    kernel[grid](x, out, m, x.stride(0), out.stride(0), ROWS=rows, V=permute_steps.V, num_warps=4)
     return out
 
 
 ARMS = {
-    "gather": permute_steps.permute_steps,
-    "transposed": transposed,
-    "transposed_rows16": lambda x: transposed(x, 16),
+    "transposed": permute_steps.permute_steps,
+    "transposed_rows16": lambda x: launch(permute_steps.permute_steps_kernel, x, 16),
+    "gather": lambda x: launch(permute_steps_gather_kernel, x),
     "aten": permute_steps.permute_steps_reference,
     "copy": torch.clone,
 }

@@ -390,7 +390,14 @@ def builds() -> Iterator[Build]:
                 yield from unique(Build("moe_down", moe_fused.moe_down_kernel, sig, consts, cfg["down_num_warps"], 1))
             consts = {"E_POW2": 128, "BLOCK_PAIRS": moe_fused.GROUP_PAIRS, "BLOCK_M": cfg["BLOCK_M"]}
             yield from unique(
-                Build("moe_group", moe_fused.moe_group_kernel, _with_constexprs(_GROUP_SIG, consts), consts, 4, 1)
+                Build(
+                    "moe_group",
+                    moe_fused.moe_group_kernel,
+                    _with_constexprs(_GROUP_SIG, consts),
+                    consts,
+                    moe_fused.GROUP_WARPS,
+                    1,
+                )
             )
     for (has_scale, has_bias), block in product(
         ((True, False), (True, True), (False, False)), linear_mma.REDUCE_BLOCKS

@@ -29,6 +29,10 @@ import triton.language as tl
 from flashrt.kernels.decode import dot, interpreted, k_mask, load_weight_halves
 
 GROUP_PAIRS = 128
+# Warps of the group launch. Qwen3-30B-A3B's bank on the H200 (c58d18d, bench/probe_moe_group.py,
+# h200-probe-moe-group-c58d18d.json): 1.76/3.19/5.67/6.58 us at 1/8/16/32 tokens against 4 warps'
+# 1.86/3.66/6.33/6.94; 16 warps were within 0.14 us of 8 from 16 tokens on and 0.40 slower at one.
+GROUP_WARPS = 8
 
 
 @triton.jit
@@ -261,7 +265,7 @@ class Grouping(NamedTuple):
     rows: int
 
 
-def group_pairs(topk_ids: torch.Tensor, experts: int, block_m: int, num_warps: int = 4) -> Grouping:
+def group_pairs(topk_ids: torch.Tensor, experts: int, block_m: int, num_warps: int = GROUP_WARPS) -> Grouping:
     """The ``group`` launch: one program per 128 pairs (``bench/probe_moe_group.py`` times its warps)."""
     pairs = topk_ids.numel()
     rows = max_rows(pairs, experts, block_m)

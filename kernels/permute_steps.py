@@ -7,11 +7,13 @@ the tensor cores take them, so its launcher permutes ``x`` once a call. As a tor
 ``reshape``/``permute``/``reshape`` that copy went through ATen's generic strided copy: in the
 Llama-3-8B-shaped prefill on the H200 (85e7a7a, ``h200-e2e-llama-pdl-85e7a7a.json``, 128
 tokens) it added 0.52 ms of copies to the 4.96 ms of the form's GEMMs, 4.1 us a call for 1 MB.
-This kernel gathers each step's 256 elements from one 512-byte row segment, which the loads of
-a warp share through L1, and writes them in order: in the same prefill at d1dd53c
-(``h200-e2e-llama-d1dd53c.json``) 0.40 ms, 3.1 us a call, the prefill 10.84 ms against 11.04.
-Its 2-byte loads bound it, not its bytes; ``bench/probe_permute_steps.py`` times a transpose
-in registers against it.
+A gather of each step's 256 elements from one 512-byte row segment took 0.40 ms there
+(d1dd53c, ``h200-e2e-llama-d1dd53c.json``, 3.1 us a call), bound by its 2-byte loads. This
+kernel loads a contiguous tile (16-byte loads), permutes it in registers and stores it
+contiguously: on the H200 at c58d18d (``bench/probe_permute_steps.py``,
+``h200-probe-permute-steps-c58d18d.json``, every arm checked against the reference first) 1.23
+to 4.71 us against the gather's 1.73 to 10.13 at 17-256 tokens and K 2048-14336: within 3% of a
+plain copy of the same bytes from 0.9 MB (32 x 14336) up, 1.05-1.18x the copy's time below.
 """
 
 from __future__ import annotations
@@ -22,21 +24,24 @@ import triton.language as tl
 from flashrt.kernels.linear_mma_gluon import WORDS_PER_THREAD as V  # a step is 32 V elements
 
 # Rows a program: 8 x 256 elements, 16 a thread of 4 warps. At 17 tokens a 4096-wide layer is
-# still 48 programs and a 14336-wide one 168, at 128 tokens 256 and 896.
+# still 48 programs and a 14336-wide one 168, at 128 tokens 256 and 896. 16 rows were within
+# 0.16 us of 8 at every shape of the probe, ahead only at 128 x 2048 and 128 x 14336.
 ROWS = 8
 
 
 @triton.jit
 def permute_steps_kernel(x_ptr, out_ptr, M, stride_xm, stride_om, ROWS: tl.constexpr, V: tl.constexpr):
-    """``out[r, 256 s + p] = x[r, 256 s + natural(p)]`` for rows ``ROWS`` of program 0's axis and step s."""
+    """``out[r, 256 s + p] = x[r, 256 s + natural(p)]`` for rows ``ROWS`` of program 0's axis and
+    step s: the step's tile ``[t, v, e, q1, q0]`` permuted to ``[v, q1, q0, t, e]`` in registers."""
     STEP: tl.constexpr = 32 * V
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     step = tl.program_id(1)
-    p = tl.arange(0, STEP)
-    natural = 8 * V * ((p // 2) % 4) + 8 * (p // 32) + 4 * (p % 2) + 2 * ((p // 16) % 2) + (p // 8) % 2
+    cols = tl.arange(0, STEP)
     mask = rows[:, None] < M
-    vals = tl.load(x_ptr + rows[:, None] * stride_xm + step * STEP + natural[None, :], mask=mask)
-    tl.store(out_ptr + rows[:, None] * stride_om + step * STEP + p[None, :], vals, mask=mask)
+    tile = tl.load(x_ptr + rows[:, None] * stride_xm + step * STEP + cols[None, :], mask=mask)
+    tile = tl.reshape(tile, (ROWS, 4, V, 2, 2, 2))
+    tile = tl.reshape(tl.permute(tile, (0, 2, 4, 5, 1, 3)), (ROWS, STEP))
+    tl.store(out_ptr + rows[:, None] * stride_om + step * STEP + cols[None, :], tile, mask=mask)
 
 
 def permute_steps(x: torch.Tensor) -> torch.Tensor:
