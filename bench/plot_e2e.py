@@ -12,11 +12,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 DEFAULT_RESULTS = [  # every arm with vLLM's merged projections
     ROOT / "results" / "h200-e2e-llama-d1dd53c.json",  # d1dd53c: Llama-3-8B shape, batch 1 and 8
-    # 427f4ad: both arms with the decode attention split along the cache (tensor-core dots)
-    ROOT / "results" / "h200-e2e-qwen3-attn-b1.json",  # Qwen3-30B-A3B, expert bank on the ring: batch 1
-    ROOT / "results" / "h200-e2e-qwen3-attn-b16.json",  # 16
-    # b045f1b: cuDNN's decode attention over each key-value head once, the fused router
-    ROOT / "results" / "h200-e2e-qwen3-router-b4b8.json",  # Qwen3 at 4 and 8
+    ROOT / "results" / "h200-e2e-qwen3-c58d18d-b1.json",  # c58d18d: Qwen3-30B-A3B shape, batch 1
+    ROOT / "results" / "h200-e2e-qwen3-c58d18d-b4b16.json",  # 4, 8, 16
+    ROOT / "results" / "h200-e2e-qwen3-c58d18d-b32.json",  # 32 (the experts past the band)
     ROOT / "results" / "h200-e2e-llama-merged-b4.json",  # and 4, 16, 32 (d63d0e4 from here, sdpa's attention)
     ROOT / "results" / "h200-e2e-qwen35-merged.json",  # Qwen3.5-35B-A3B shape, batch 1 (cut at the limit)
 ]
