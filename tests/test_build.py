@@ -10,8 +10,9 @@ The builds are the suite's largest CPU job. All 341 configurations for each of f
 were 34 minutes of one core (c866faf): in the foreground they made CI take 37 minutes, in the
 background 31 (the limit is 30; then 299 and 33 minutes). The covering is 111 a target (118 for
 sm_90, with the ``wgmma`` form). Much of the rest of the suite waits rather than computes
-(vLLM engines starting, servers answering), so ``conftest.py`` starts the builds at collection,
-at the lowest CPU priority, and runs these tests last; they read what the builds printed.
+(vLLM engines starting, servers answering), so ``conftest.py`` starts the builds at collection
+(``background_build.py``; xdist's controller does when the suite runs on workers), at the lowest
+CPU priority, and runs these tests last; they read what the builds printed.
 ``python -m flashrt.kernels.build`` builds every configuration.
 """
 
