@@ -30,18 +30,21 @@ def permute_steps_gather_kernel(x_ptr, out_ptr, M, stride_xm, stride_om, ROWS: t
     tl.store(out_ptr + rows[:, None] * stride_om + step * STEP + p[None, :], vals, mask=mask)
 
 
-def launch(kernel, x: torch.Tensor, rows: int = permute_steps.ROWS) -> torch.Tensor:
+def gathered(x: torch.Tensor) -> torch.Tensor:
+    """``permute_steps`` with the gather kernel: the same grid, rows and warps."""
     m, k = x.shape
     out = torch.empty_like(x)
-    grid = (triton.cdiv(m, rows), k // (32 * permute_steps.V))
-    kernel[grid](x, out, m, x.stride(0), out.stride(0), ROWS=rows, V=permute_steps.V, num_warps=4)
+    grid = (triton.cdiv(m, permute_steps.ROWS), k // (32 * permute_steps.V))
+    permute_steps_gather_kernel[grid](
+        x, out, m, x.stride(0), out.stride(0), ROWS=permute_steps.ROWS, V=permute_steps.V, num_warps=4
+    )
     return out
 
 
 ARMS = {
     "transposed": permute_steps.permute_steps,
-    "transposed_rows16": lambda x: launch(permute_steps.permute_steps_kernel, x, 16),
-    "gather": lambda x: launch(permute_steps_gather_kernel, x),
+    "transposed_rows16": lambda x: permute_steps.permute_steps(x, 16),
+    "gather": gathered,
     "aten": permute_steps.permute_steps_reference,
     "copy": torch.clone,
 }

@@ -44,12 +44,13 @@ def permute_steps_kernel(x_ptr, out_ptr, M, stride_xm, stride_om, ROWS: tl.const
     tl.store(out_ptr + rows[:, None] * stride_om + step * STEP + cols[None, :], tile, mask=mask)
 
 
-def permute_steps(x: torch.Tensor) -> torch.Tensor:
-    """``x [M, K]`` (unit stride along K, K in whole 256-wide steps) in the decode's K order, one launch."""
+def permute_steps(x: torch.Tensor, rows: int = ROWS) -> torch.Tensor:
+    """``x [M, K]`` (unit stride along K, K in whole 256-wide steps) in the decode's K order, one
+    launch (``bench/probe_permute_steps.py`` times its rows a program)."""
     m, k = x.shape
     out = torch.empty(m, k, dtype=x.dtype, device=x.device)
-    grid = (triton.cdiv(m, ROWS), k // (32 * V))
-    permute_steps_kernel[grid](x, out, m, x.stride(0), out.stride(0), ROWS=ROWS, V=V, num_warps=4)
+    grid = (triton.cdiv(m, rows), k // (32 * V))
+    permute_steps_kernel[grid](x, out, m, x.stride(0), out.stride(0), ROWS=rows, V=V, num_warps=4)
     return out
 
 

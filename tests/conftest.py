@@ -46,6 +46,11 @@ def pytest_runtest_makereport(item, call):
 _BUILD_DIR = pytest.StashKey[Path]()
 
 
+def _is_build(nodeid: str) -> bool:
+    """A test of ``test_build.py``: its node id, as the controller and the workers both see it."""
+    return nodeid.split("::")[0].endswith("test_build.py")
+
+
 def pytest_configure(config):
     """One build directory a session: xdist's controller makes it and hands it to its workers."""
     given = getattr(config, "workerinput", {}).get("flashrt_build_dir")
@@ -60,7 +65,7 @@ def pytest_configure_node(node):
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_node_collection_finished(node, ids):
     """The controller starts the builds when a worker has collected their tests."""
-    if any(i.split("::")[0].endswith("test_build.py") for i in ids):
+    if any(map(_is_build, ids)):
         background_build.start(node.config.stash[_BUILD_DIR])
 
 
@@ -79,7 +84,7 @@ def pytest_collection_modifyitems(config, items):
     """The engine files first; the ahead-of-time kernel builds started now, in the background,
     unless xdist's controller does, and checked last (tests/test_build.py says why)."""
     items.sort(key=lambda item: -_ENGINE_FILES.get(item.path.name, 0))
-    builds = [item for item in items if item.path.name == "test_build.py"]
+    builds = [item for item in items if _is_build(item.nodeid)]
     if builds and not config.option.collectonly:
         if not hasattr(config, "workerinput"):
             background_build.start(config.stash[_BUILD_DIR])
