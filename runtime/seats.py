@@ -123,6 +123,11 @@ class Seat:
     host: object = field(default=None, repr=False)  # what serves a fault (and rows above the MoE band)
     _stash: dict = field(default_factory=dict, repr=False)
 
+    def __post_init__(self) -> None:
+        # The labelled child, looked up once: ``labels()`` on every call cost 2.4 us against
+        # 0.9 us for ``inc()`` on a kept child (2-core CPU, 2026-12-02).
+        self._calls_counter = metrics()["flashrt_seat_calls_total"].labels(self.kind)
+
     @property
     def name(self) -> str:
         return self.spec.name
@@ -137,7 +142,7 @@ class Seat:
         try:
             out = seam(*args)
             self.calls += 1
-            metrics()["flashrt_seat_calls_total"].labels(self.kind).inc()
+            self._calls_counter.inc()
             return out
         except Exception as exc:
             self.fallbacks += 1
@@ -188,14 +193,28 @@ def _serving(seat: Seat) -> int:
     return seat.served
 
 
-@torch.library.custom_op("flashrt::served_linear", mutates_args=())
-def served_linear(x: torch.Tensor, bias: torch.Tensor | None, seat: int, out_features: int) -> torch.Tensor:
-    """One seated projection call: the seam, or the host on a fault, counted. An opaque op
-    because compilers (vLLM's, ``torch.compile`` on a transformers model) trace with dynamo,
-    which cannot trace the counting, the try/except or the host's own dispatch: the op runs
-    them eagerly inside the compiled graph."""
+def _serve_linear_body(x: torch.Tensor, bias: torch.Tensor | None, seat: int, out_features: int) -> torch.Tensor:
     s = _SERVED[seat]
     return s._serve(s.seam, s.host, x, bias)
+
+
+def _serve_moe_body(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, seat: int) -> torch.Tensor:
+    s = _SERVED[seat]
+    if s.band_host and x.shape[0] > s.profile.moe_band_t:
+        return s.host(x, topk_weights, topk_ids)
+    return s._serve(s.seam, s.host, x, topk_weights, topk_ids)
+
+
+# One seated projection call: the seam, or the host on a fault, counted. An opaque op because
+# compilers (vLLM's, ``torch.compile`` on a transformers model) trace with dynamo, which cannot
+# trace the counting, the try/except or the host's own dispatch: the op runs them eagerly
+# inside the compiled graph.
+served_linear = torch.library.custom_op("flashrt::served_linear", _serve_linear_body, mutates_args=())
+
+# One seated expert bank call: rows above the MoE band go to the retained host bank, the rest
+# to the packed one. The band test is a Python branch on the row count, so it lives in this
+# opaque op: in a graph traced without shape guards it would be frozen at the traced size.
+served_moe = torch.library.custom_op("flashrt::served_moe", _serve_moe_body, mutates_args=())
 
 
 @served_linear.register_fake
@@ -203,20 +222,19 @@ def _(x, bias, seat, out_features):
     return x.new_empty(*x.shape[:-1], out_features)
 
 
-@torch.library.custom_op("flashrt::served_moe", mutates_args=())
-def served_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, seat: int) -> torch.Tensor:
-    """One seated expert bank call: rows above the MoE band go to the retained host bank, the
-    rest to the packed one. The band test is a Python branch on the row count, so it lives in
-    this opaque op: in a graph traced without shape guards it would be frozen at the traced size."""
-    s = _SERVED[seat]
-    if s.band_host and x.shape[0] > s.profile.moe_band_t:
-        return s.host(x, topk_weights, topk_ids)
-    return s._serve(s.seam, s.host, x, topk_weights, topk_ids)
-
-
 @served_moe.register_fake
 def _(x, topk_weights, topk_ids, seat):
     return torch.empty_like(x)
+
+
+def serve_linear(x: torch.Tensor, bias: torch.Tensor | None, seat: int, out_features: int) -> torch.Tensor:
+    """A seated projection's forward: the op for tracers, its body for eager calls (``ops.eager``)."""
+    return (_serve_linear_body if ops.eager(x) else served_linear)(x, bias, seat, out_features)
+
+
+def serve_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, seat: int) -> torch.Tensor:
+    """A seated expert bank's forward: the op for tracers, its body for eager calls."""
+    return (_serve_moe_body if ops.eager(x) else served_moe)(x, topk_weights, topk_ids, seat)
 
 
 class ProjectionSeat(Seat):
@@ -244,7 +262,7 @@ class ProjectionSeat(Seat):
             self._free(weight)
         self.seam, self.host = self._seam(slabs), self._reference(slabs)
         index = _serving(self)
-        module.forward = lambda x: served_linear(x, bias, index, out_features)
+        module.forward = lambda x: serve_linear(x, bias, index, out_features)
         self.state = "seated"
         self.reason = "tied to the input embedding: bf16 weight kept for it" if tied else ""
 
@@ -317,9 +335,7 @@ class ExpertSeat(Seat):
 
         self.seam, self.host = seam, host if self.band_host else reference
         index = _serving(self)
-        module.forward = lambda hidden, top_k_index, top_k_weights: served_moe(
-            hidden, top_k_weights, top_k_index, index
-        )
+        module.forward = lambda hidden, top_k_index, top_k_weights: serve_moe(hidden, top_k_weights, top_k_index, index)
         self.state = "seated"
         self.reason = f"band {self.profile.moe_band_t} rows" + (
             "; bf16 bank retained for larger batches" if self.band_host else ""

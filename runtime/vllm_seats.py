@@ -31,6 +31,8 @@ from flashrt.runtime.seats import (
     _cosine,
     _serving,
     attach,
+    serve_linear,
+    serve_moe,
 )
 from flashrt.runtime.vllm_plugin import _STASH
 
@@ -86,7 +88,7 @@ class _SeatedMethod:
     out_features: int
 
     def apply(self, layer, x, bias=None):
-        return torch.ops.flashrt.served_linear(x, bias, self.seat, self.out_features)
+        return serve_linear(x, bias, self.seat, self.out_features)
 
     def __getattr__(self, name):
         return getattr(self.host, name)
@@ -137,7 +139,7 @@ class _SeatedMoEMethod:
     def apply(self, layer, x, topk_weights, topk_ids, shared_experts=None, shared_experts_input=None):
         if shared_experts is not None:  # not seated at bind; kept here so a change cannot go wrong
             return self.host.apply(layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input)
-        return torch.ops.flashrt.served_moe(x, topk_weights, topk_ids, self.seat)
+        return serve_moe(x, topk_weights, topk_ids, self.seat)
 
     def __getattr__(self, name):
         return getattr(self.host, name)

@@ -115,6 +115,48 @@ def test_a_seated_model_compiles_as_one_graph_and_computes_the_same(make):
     handle.detach()
 
 
+def _flashrt_ops_called(fn) -> set[str]:
+    """The ``flashrt::`` ops the dispatcher saw while ``fn`` ran (the profiler records each op
+    call; it is a callback, not a dispatch mode, so it does not change which path a call takes)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return {e.name for e in prof.events() if e.name.startswith("flashrt::")}
+
+
+@pytest.mark.parametrize("make", [_llama, _qwen3_moe])
+def test_eager_calls_skip_the_dispatcher_and_compiled_graphs_call_the_ops(make):
+    """Eager serving pays every ``torch.library`` hop in host time, a compiled graph must see
+    the opaque ops: the same seat serves both, and counts both."""
+    model = make()
+    handle = attach(model, PROFILE)
+    prompt = torch.randint(0, 1024, (1, 5))
+    with torch.no_grad():
+        calls = handle.summary()["calls"]
+        assert _flashrt_ops_called(lambda: model(prompt)) == set()
+        assert handle.summary()["calls"] > calls
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+        compiled(prompt)  # traced here, outside the profile
+        seen = _flashrt_ops_called(lambda: compiled(prompt))
+    assert "flashrt::served_linear" in seen
+    assert ("flashrt::served_moe" in seen) == (make is _qwen3_moe)
+    handle.detach()
+
+
+def test_fake_tensors_take_the_ops_fake_implementations():
+    """Under a dispatch mode (fake tensors: shape propagation, memory planning) a seat must not
+    run its body: it would count a call that never computed and launch on tensors with no data."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    layer = torch.nn.Sequential(torch.nn.Linear(64, 48, dtype=torch.bfloat16))
+    handle = attach(layer, SeatProfile(min_params=0))
+    with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True) as mode:  # the bias stays real
+        out = layer(mode.from_tensor(torch.randn(3, 64, dtype=torch.bfloat16)))
+    assert out.shape == (3, 48) and type(out).__name__ == "FakeTensor"
+    assert handle.summary()["calls"] == 0
+    handle.detach()
+
+
 def test_tied_head_keeps_the_embedding_working():
     model = _llama(tied=True)
     assert model.lm_head.weight is model.model.embed_tokens.weight
