@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on a GPU machine with torch and Triton but no flashrt installed: the GPU test suite,
 # then one benchmark. Usage: bench/gpu_run.sh OUTDIR [kernels|e2e|prefill|seats|host] [bench args...]
-# (default: kernels); FLASHRT_GPU_TESTS=0 skips the tests (a second benchmark in the same call).
+# (default: kernels); SKIP_GPU_TESTS=1 skips the tests (a second benchmark in the same call; not FLASHRT_: the
+# runtime rejects FLASHRT_ variables it does not know).
 # Set FLASHRT_COMMIT to the commit sent: a copied tree's git may name another.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -14,5 +15,5 @@ cp "$root"/src/*.py "$site/flashrt/"
 for part in kernels runtime operator bench; do ln -s "$root/$part" "$site/flashrt/$part"; done
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/nvidia-smi.txt"
-[ "${FLASHRT_GPU_TESTS:-1}" = 0 ] || (cd "$root" && python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py 2>&1 | tail -40) | tee "$out/gpu-tests.log"
+[ "${SKIP_GPU_TESTS:-0}" = 1 ] || (cd "$root" && python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py 2>&1 | tail -40) | tee "$out/gpu-tests.log"
 python3 -m flashrt.bench "$bench" --out "$out/$bench.json" "$@" 2>&1 | tee "$out/$bench.log"
