@@ -66,12 +66,43 @@ def _is_expert_bank(module: torch.nn.Module) -> bool:
     )
 
 
+def routing_projections(model: torch.nn.Module, banks: dict[str, set[int]], rows) -> set[str]:
+    """Names of the projections that route tokens to an expert bank; they are never seats.
+
+    A router's logits choose the experts: NVFP4 error there flips the top-k on near ties and
+    sends tokens to other experts, a change no parity floor on the logits' cosine sees. Every
+    NVFP4 checkpoint recipe keeps routers in bf16 (ModelOpt's defaults disable ``*router*``,
+    ``*mlp.gate.*`` and ``*mlp.shared_expert_gate.*``), and their bytes are a rounding error of
+    the bank's (Qwen3-30B-A3B: 0.26 M parameters beside a bank of 604 M). Found by structure:
+    a projection beside the bank in its MoE block (a child of the bank's parent or grandparent:
+    ``mlp.gate`` beside ``mlp.experts`` or ``mlp.experts.routed_experts``) with one output per
+    expert (the router) or a single output (a shared expert's gate). ``banks`` maps a bank's
+    name to its expert counts (local and global); ``rows(module)`` is a projection's output
+    rows, or None for anything else."""
+    modules = dict(model.named_modules())
+    found = set()
+    for bank, experts in banks.items():
+        parts = bank.split(".")
+        for up in (1, 2):
+            if len(parts) <= up:
+                break
+            block = ".".join(parts[:-up])
+            for child, module in modules[block].named_children():
+                if rows(module) in experts | {1}:
+                    found.add(f"{block}.{child}")
+    return found
+
+
 def discover(model: torch.nn.Module, profile: SeatProfile) -> list[SeatSpec]:
-    """Seats the profile admits, smallest first."""
+    """Seats the profile admits, smallest first; an expert bank's router is never one."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    banks = {name: {m.gate_up_proj.shape[0]} for name, m in model.named_modules() if _is_expert_bank(m)}
+    routers = routing_projections(model, banks, lambda m: m.weight.shape[0] if _is_projection(m) else None)
     found = []
     for name, module in model.named_modules():
+        if name in routers:
+            continue
         if module is head and _is_projection(module):
             kind = "head"
             params = module.weight.numel()

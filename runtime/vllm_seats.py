@@ -31,6 +31,7 @@ from flashrt.runtime.seats import (
     _cosine,
     _serving,
     attach,
+    routing_projections,
     serve_linear,
     serve_moe,
 )
@@ -45,15 +46,34 @@ def _weight(layer: torch.nn.Module) -> torch.Tensor | None:
     return w if isinstance(w, torch.Tensor) and w.dim() == 2 and w.numel() > 0 else None
 
 
+def _expert_bank(module: torch.nn.Module) -> bool:
+    w13, w2 = getattr(module, "w13_weight", None), getattr(module, "w2_weight", None)
+    return isinstance(w13, torch.Tensor) and isinstance(w2, torch.Tensor) and w13.dim() == 3 and w2.dim() == 3
+
+
+def _output_rows(module: torch.nn.Module) -> int | None:
+    w = _weight(module) if getattr(module, "quant_method", None) is not None else None
+    return None if w is None else w.shape[0]
+
+
 def discover_vllm(model: torch.nn.Module, profile: SeatProfile) -> list[SeatSpec]:
+    """Seats the profile admits, smallest first; an expert bank's router (vLLM's ``GateLinear``
+    is a ``ReplicatedLinear`` with a ``quant_method``) is never one (``routing_projections``)."""
     head = getattr(model, "lm_head", None)
+    banks = {
+        name: {m.w13_weight.shape[0], getattr(m, "global_num_experts", m.w13_weight.shape[0])}
+        for name, m in model.named_modules()
+        if _expert_bank(m)
+    }
+    routers = routing_projections(model, banks, _output_rows)
     found = []
     for name, module in model.named_modules():
         if getattr(module, "quant_method", None) is None or not hasattr(module.quant_method, "apply"):
             continue
-        w13, w2 = getattr(module, "w13_weight", None), getattr(module, "w2_weight", None)
-        if isinstance(w13, torch.Tensor) and isinstance(w2, torch.Tensor) and w13.dim() == 3 and w2.dim() == 3:
-            params = w13.numel() + w2.numel()
+        if name in routers:
+            continue
+        if _expert_bank(module):
+            params = module.w13_weight.numel() + module.w2_weight.numel()
             if "experts" in profile.kinds and params >= profile.min_params and _admitted(name, profile):
                 found.append(SeatSpec(name, "experts", module, params))
             continue

@@ -20,6 +20,8 @@ def test_vllm_serve_demo_seats_and_reports():
     out = done.stdout
     assert "[5/5] stopping the server" in out
     assert 'flashrt_seats{kind="experts",state="seated"} 2.0' in out
+    # two layers' qkv and o projections; each layer's router (vLLM's GateLinear) stays bf16
+    assert 'flashrt_seats{kind="dense",state="seated"} 4.0' in out
     assert 'flashrt_seat_calls_total{kind="dense"}' in out
     samples = flashrt_samples(
         "\n".join(line.strip() for line in out.splitlines() if line.strip().startswith("flashrt_"))

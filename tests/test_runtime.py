@@ -72,6 +72,23 @@ def test_discovery_is_structural_and_smallest_first():
     assert not any("embed" in s.name for s in specs)
 
 
+def test_a_router_beside_an_expert_bank_is_never_a_seat():
+    """A router written as a plain ``nn.Linear`` (one output per expert) and a shared expert's
+    one-output gate stay bf16; a projection of the same size elsewhere is a seat."""
+    hidden, experts = 64, 4
+    block = torch.nn.Module()
+    block.experts = torch.nn.Module()
+    block.experts.gate_up_proj = torch.nn.Parameter(torch.randn(experts, 64, hidden))
+    block.experts.down_proj = torch.nn.Parameter(torch.randn(experts, hidden, 32))
+    block.gate = torch.nn.Linear(hidden, experts, bias=False)
+    block.shared_expert_gate = torch.nn.Linear(hidden, 1, bias=False)
+    model = torch.nn.Module()
+    model.mlp = block
+    model.proj = torch.nn.Linear(hidden, experts, bias=False)
+    names = {s.name: s.kind for s in discover(model, SeatProfile(min_params=0))}
+    assert names == {"mlp.experts": "experts", "proj": "dense"}, names
+
+
 def test_profile_filters_kinds_names_and_size():
     model = _llama()
     only_mlp = discover(model, SeatProfile(min_params=0, kinds=("dense",), include=("*.mlp.*",)))

@@ -58,6 +58,8 @@ def _model(experts: nn.Module, tied: bool):
     layer.self_attn.qkv_proj = Linear(192, 64)
     layer.self_attn.o_proj = Linear(64, 64)
     layer.mlp = nn.Module()
+    layer.mlp.gate = Linear(4, 64)  # the router: one logit per expert (GateLinear is a ReplicatedLinear)
+    layer.mlp.shared_expert_gate = Linear(1, 64)
     layer.mlp.experts = experts
     model.model.layers = nn.ModuleList([layer])
     model.lm_head = Embedding(256, 64)
@@ -67,6 +69,8 @@ def _model(experts: nn.Module, tied: bool):
 
 
 def test_the_runner_tree_and_the_older_fused_moe_tree_are_both_found():
+    """Routers stay bf16 in both trees: ``mlp.gate`` beside ``mlp.experts`` or beside
+    ``mlp.experts.routed_experts``, and the shared expert's one-output gate."""
     for experts, bank_name in (
         (Runner(), "model.layers.0.mlp.experts.routed_experts"),
         (Bank(), "model.layers.0.mlp.experts"),
