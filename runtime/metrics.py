@@ -54,7 +54,8 @@ DEFINITIONS = (
         "flashrt_weight_bytes",
         "gauge",
         ("kind", "state"),
-        "Device bytes of seated weights: state=host before, state=seated after.",
+        "Device bytes of seated weights: state=host before, state=seated after (packed, plus any copy the host"
+        " keeps: vLLM's own, a retained expert bank).",
     ),
     Definition("flashrt_attach_seconds", "gauge", (), "Seconds the last attach took.", "livemax"),
     Definition(

@@ -132,7 +132,9 @@ class QuantMethodSeat(ProjectionSeat):
         if self.parity < self.profile.parity_floor:
             raise Refused(f"parity {self.parity:.4f} under the floor {self.profile.parity_floor}")
         self.bytes_before = weight.numel() * weight.element_size()
-        self.bytes_after = sum(s.nbytes for s in slabs)
+        # vLLM's method keeps its own copy (the layer's weight on a GPU, a repacked one on the
+        # CPU backend): the packed weight is added to it, not swapped for it, and reported so.
+        self.bytes_after = sum(s.nbytes for s in slabs) + self.bytes_before
         self.seam = self._seam(slabs)
         self.host = lambda x, bias: host.apply(layer, x, bias)
         layer.quant_method = _SeatedMethod(host, _serving(self), weight.shape[0])

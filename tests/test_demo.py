@@ -30,6 +30,9 @@ def test_vllm_serve_demo_seats_and_reports():
     assert tokens > 0, out[-3000:]
     assert value_of(samples, "flashrt_seat_calls_total", kind="experts") >= 2 * tokens
     assert not any(k.startswith("flashrt_seat_fallbacks_total") and v for k, v in samples.items())
+    # vLLM keeps its bf16 copy beside the packed one: the seated bytes are more than the host's
+    host, seated = (value_of(samples, "flashrt_weight_bytes", kind="dense", state=s) for s in ("host", "seated"))
+    assert seated > host > 0
 
 
 def test_transformers_demo_prints_the_seat_table():
