@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import torch
-from flashrt.kernels import linear, ops
+from flashrt.kernels import linear, ops, quantize
 from flashrt.runtime import SeatProfile, attach
 
 
@@ -76,10 +76,10 @@ def run(features: int, calls: int, device: torch.device) -> dict:
     model = torch.nn.Sequential(layer)
     x = torch.randn(1, features, dtype=torch.bfloat16, device=device)
     with torch.no_grad():
+        w = quantize(layer.weight.detach())  # what the seat packs (quantize is deterministic)
         handle = attach(model, SeatProfile(min_params=0))
         seat = handle.seats[0]
         assert seat.state == "seated", seat.reason
-        w = seat.seam.__closure__[0].cell_contents[0]  # the packed weight the seam serves
         arms = {
             "bf16": lambda: bf16(x),
             "seated": lambda: model(x),

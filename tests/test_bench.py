@@ -250,3 +250,23 @@ def test_a_result_names_the_commit_whose_code_ran(tmp_path, monkeypatch):
     assert source_commit(str(tmp_path / "nowhere")) == "abc123"
     monkeypatch.delenv("FLASHRT_COMMIT")
     assert source_commit("/") == "unknown"
+
+
+def test_the_host_bench_times_every_arm_and_writes_its_provenance(tmp_path, capsys):
+    """``python -m flashrt.bench host`` on the CPU: every arm timed on the same seated weight,
+    the old path's figure composed from the arms it names, the result with its commit."""
+    import json
+
+    from flashrt.bench import host
+
+    out = tmp_path / "host.json"
+    assert host.main(["--features", "32", "--calls", "5", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["commit"] and result["source_digest"] and result["torch"] == torch.__version__
+    (row,) = result["rows"]
+    arms = row["arms_us"]
+    assert set(arms) == {"bf16", "seated", "outer_op", "inner_op", "inner_direct"}
+    assert all(us > 0 for us in arms.values())
+    assert row["through_ops_us"] == pytest.approx(arms["outer_op"] + arms["inner_op"] - arms["inner_direct"])
+    assert row["seated_vs_bf16"] == pytest.approx(arms["seated"] / arms["bf16"])
+    assert "through both ops" in capsys.readouterr().out
