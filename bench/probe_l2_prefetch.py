@@ -1,7 +1,7 @@
 """Can a decode step fetch the next projections' weights into L2 while attention leaves HBM idle?
 
 At batch 1 on the H200 the Llama-shaped step spends 0.82 ms of its 2.70 ms outside the
-projections (attention, norms, rotary, the cache update: README, "End to end"), about 25 us a
+projections (attention, norms, rotary, the cache update: docs/benchmarks.md, "End to end"), about 25 us a
 layer, with HBM nearly idle; 25 us of HBM at 4.2 TB/s is 100 MB, more than the 50 MB L2. If the
 o projection (9.4 MB packed) and the head of gate_up were in L2 when they run, each layer would
 save up to the time of those bytes from HBM: about 9 us a layer, 0.29 ms a step, were the
