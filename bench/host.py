@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import torch
+from flashrt.bench.kernels import provenance
 from flashrt.kernels import linear, ops, quantize
 from flashrt.runtime import SeatProfile, attach
 
@@ -48,24 +48,6 @@ def _us_per_call(arms: dict, device: torch.device, calls: int, rounds: int = 15)
             _sync(device)
             times[name].append((time.perf_counter() - start) / calls * 1e6)
     return {name: statistics.median(t) for name, t in times.items()}
-
-
-def _provenance(device: torch.device) -> dict:
-    if device.type == "cuda":
-        from flashrt.bench.kernels import provenance
-
-        return provenance()
-    from flashrt.bench.kernels import source_commit, source_digest
-
-    return {
-        "device": platform.processor() or platform.machine(),
-        "cpus": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "commit": source_commit(),
-        "source_digest": source_digest(),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-    }
 
 
 def run(features: int, calls: int, device: torch.device) -> dict:
@@ -117,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     gpu = device.type == "cuda"
     row = run(args.features or (4096 if gpu else 64), args.calls or (2000 if gpu else 500), device)
-    result = _provenance(device) | {"rows": [row]}
+    result = provenance() | {"rows": [row]}
     name = result["device"].lower().replace("nvidia ", "").replace(" ", "-")
     out = Path(args.out or f"bench/results/{name}-host.json")
     out.parent.mkdir(parents=True, exist_ok=True)

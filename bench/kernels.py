@@ -79,19 +79,25 @@ def source_commit(cwd: str | None = None) -> str:
 
 
 def provenance() -> dict:
+    """Device, versions, commit and date of a result: the GPU's, or on a machine without one the
+    processor's (``bench host`` runs on both)."""
     import triton
 
-    commit = source_commit()
-    props = torch.cuda.get_device_properties(0)
-    return {
-        "device": props.name,
-        "capability": f"sm_{props.major}{props.minor}",
-        "sms": props.multi_processor_count,
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        device = {
+            "device": props.name,
+            "capability": f"sm_{props.major}{props.minor}",
+            "sms": props.multi_processor_count,
+            "cuda": torch.version.cuda,
+        }
+    else:
+        device = {"device": platform.processor() or platform.machine(), "cpus": torch.get_num_threads()}
+    return device | {
         "torch": torch.__version__,
         "triton": triton.__version__,
-        "cuda": torch.version.cuda,
         "python": platform.python_version(),
-        "commit": commit,
+        "commit": source_commit(),
         "source_digest": source_digest(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         # kernel choices already cached when the run started (bench/gpu_run.sh seeds them from
