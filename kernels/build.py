@@ -50,6 +50,7 @@ _ALIGNED_INTS = {
     "stride_we",
     "stride_se",
     "numel",
+    "chunk_words",
 }
 # Token counts whose configs span every BLOCK_M a form can choose.
 _TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 512, 2048)
@@ -86,6 +87,7 @@ _SPLITK_REDUCE_SIG = {
 # The Gluon forms read the weight as int32 words.
 _GEMV_GLUON_SIG = {name if name != "packed_ptr" else "words_ptr": kind for name, kind in _LINEAR_SIG.items()}
 _GEMV_GLUON_SIG["words_ptr"] = "*i32"
+_MMA_GLUON_SIG = {**_GEMV_GLUON_SIG, "chunk_words": "i32", "chunk_scales": "i32"}
 _W4A4_SIG = {
     "xq_ptr": "*u8",
     "xs_ptr": "*u8",
@@ -366,7 +368,7 @@ def builds() -> Iterator[Build]:
             warps = cfg["WARPS_N"] * cfg["WARPS_K"]
             yield from unique(Build("linear_gemv_gluon", fn, sig, consts, warps, 1))
         for cfg in linear_mma_gluon.configs(m, 4096, 4096):
-            sig, consts = _split_build(_GEMV_GLUON_SIG, {"HAS_BIAS": False} | cfg, cfg.get("SPLIT_K", 1))
+            sig, consts = _split_build(_MMA_GLUON_SIG, {"HAS_BIAS": False, "CHUNKS": 1} | cfg, cfg.get("SPLIT_K", 1))
             fn = linear_mma_gluon.nvfp4_linear_mma_gluon_kernel
             yield from unique(Build("linear_mma_gluon", fn, sig, consts, cfg["WARPS"], 1))
         for cfg in linear_wgmma_gluon.configs(m, 4096, 4096):

@@ -343,6 +343,54 @@ def _activation_offsets(tokens, xr, xc, stride_xm):
 
 
 @gluon.jit
+def _chunk_weight_offsets(
+    pid_n, N, stride_wn, stride_sn, chunk_words, chunk_scales, BLOCK_N: gl.constexpr, CHUNKS: gl.constexpr,
+    WORDS_COPY: gl.constexpr, SCALES: gl.constexpr,
+):  # fmt: skip
+    """``_weight_offsets`` of ``CHUNKS * N`` rows: row ``CHUNKS * n + c`` is chunk ``c`` of weight
+    row ``n``, ``chunk_words`` words from the last. Rows past the end read the last one."""
+    wr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, WORDS_COPY))
+    wc = gl.arange(0, 4 * V, layout=gl.SliceLayout(0, WORDS_COPY))
+    rows = gl.minimum(pid_n * BLOCK_N + wr, CHUNKS * N - 1)
+    word_off = (rows // CHUNKS).to(gl.int64) * stride_wn + (rows % CHUNKS) * chunk_words
+    sr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, SCALES))
+    st = gl.arange(0, 4, layout=gl.SliceLayout(0, SCALES))
+    rows = gl.minimum(pid_n * BLOCK_N + sr, CHUNKS * N - 1)
+    scale_off = (rows // CHUNKS).to(gl.int64) * stride_sn + (rows % CHUNKS) * chunk_scales
+    return gl.expand_dims(word_off, 1) + gl.expand_dims(wc, 0), gl.expand_dims(scale_off, 1) + gl.expand_dims(st, 0)
+
+
+@gluon.jit
+def _store_chunks(
+    acc, pid_n, pid_m, out_ptr, bias_ptr, global_scale_ptr, M, N, stride_om, HAS_BIAS: gl.constexpr,
+    BLOCK_M: gl.constexpr, CHUNKS: gl.constexpr, WARPS: gl.constexpr,
+):  # fmt: skip
+    """The chunked tile ``acc [CHUNKS x rows, CHUNKS x tokens]`` into ``out``: entry ``(CHUNKS n + c,
+    CHUNKS m + c')`` is chunk ``c`` of row ``n`` times chunk ``c'`` of token ``m``; the product is
+    the sum of the ``c == c'`` entries, added in chunk order inside the program."""
+    BLOCK_N: gl.constexpr = acc.shape[0]
+    MMA_M: gl.constexpr = acc.shape[1]
+    ACC: gl.constexpr = acc.type.layout
+    r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
+    t = gl.arange(0, MMA_M, layout=gl.SliceLayout(0, ACC))
+    same = gl.expand_dims(r % CHUNKS, 1) == gl.expand_dims(t % CHUNKS, 0)
+    acc = gl.where(same & gl.expand_dims(t < BLOCK_M, 0), acc, 0.0)
+    acc = gl.sum(gl.reshape(acc, [BLOCK_N // CHUNKS, CHUNKS, MMA_M // CHUNKS, CHUNKS]), axis=3)
+    acc = gl.sum(acc, axis=1)
+    OUT: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [WARPS, 1], [0, 1])
+    acc = gl.convert_layout(acc, OUT)
+    rows = pid_n * (BLOCK_N // CHUNKS) + gl.arange(0, BLOCK_N // CHUNKS, layout=gl.SliceLayout(1, OUT))
+    column = gl.arange(0, MMA_M // CHUNKS, layout=gl.SliceLayout(0, OUT))
+    tokens = pid_m * (BLOCK_M // CHUNKS) + column
+    acc = acc * (gl.load(global_scale_ptr) * _EPILOGUE_FACTOR)
+    if HAS_BIAS:
+        acc += gl.expand_dims(gl.load(bias_ptr + rows, mask=rows < N, other=0.0).to(gl.float32), 1)
+    mask = gl.expand_dims(rows < N, 1) & gl.expand_dims((tokens < M) & (column < BLOCK_M // CHUNKS), 0)
+    out = out_ptr + gl.expand_dims(tokens.to(gl.int64) * stride_om, 0) + gl.expand_dims(rows, 1)
+    gl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@gluon.jit
 def nvfp4_linear_mma_gluon_kernel(
     # pointers
     x_ptr,
@@ -360,6 +408,9 @@ def nvfp4_linear_mma_gluon_kernel(
     stride_om,
     stride_wn,
     stride_sn,
+    # a chunk of a row (CHUNKS > 1), in int32 weight words and int32 scale words
+    chunk_words,
+    chunk_scales,
     # meta-parameters
     HAS_BIAS: gl.constexpr,
     BLOCK_M: gl.constexpr,
@@ -367,6 +418,7 @@ def nvfp4_linear_mma_gluon_kernel(
     WARPS: gl.constexpr,
     STAGES: gl.constexpr,
     SPLIT_K: gl.constexpr,
+    CHUNKS: gl.constexpr,
 ):
     BLOCK_N: gl.constexpr = 16 * ROW_TILES * WARPS
     BLOCK_K: gl.constexpr = 32 * V
@@ -380,28 +432,45 @@ def nvfp4_linear_mma_gluon_kernel(
     pid_m = gl.program_id(1)
     pid_k = gl.program_id(2)
 
-    word_off, scale_off = _weight_offsets(pid_n, N, stride_wn, stride_sn, BLOCK_N, WORDS_COPY, SCALES)
     xr = gl.arange(0, 4 * BLOCK_M, layout=gl.SliceLayout(1, ACTS_COPY))
     xc = gl.arange(0, 8 * V, layout=gl.SliceLayout(0, ACTS_COPY))
-    tokens = pid_m * BLOCK_M + xr // 4
-    x_off = _activation_offsets(tokens, xr, xc, stride_xm)
-    x_mask = gl.expand_dims(tokens < M, 1)
+    if CHUNKS == 1:
+        word_off, scale_off = _weight_offsets(pid_n, N, stride_wn, stride_sn, BLOCK_N, WORDS_COPY, SCALES)
+        tokens = pid_m * BLOCK_M + xr // 4
+        x_off = _activation_offsets(tokens, xr, xc, stride_xm)
+        x_mask = gl.expand_dims(tokens < M, 1)
 
-    per_split = gl.cdiv(K // BLOCK_K, SPLIT_K)
-    first = pid_k * per_split
-    steps = gl.minimum(per_split, K // BLOCK_K - first)
-    acc = _ring_product(
-        x_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, first, steps, BLOCK_M, ROW_TILES, WARPS,
-        STAGES,
-    )  # fmt: skip
+        per_split = gl.cdiv(K // BLOCK_K, SPLIT_K)
+        first = pid_k * per_split
+        steps = gl.minimum(per_split, K // BLOCK_K - first)
+        acc = _ring_product(
+            x_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, first, steps, BLOCK_M, ROW_TILES,
+            WARPS, STAGES,
+        )  # fmt: skip
 
-    offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
-    column = gl.arange(0, MMA_M, layout=gl.SliceLayout(0, ACC))
-    offs_m = pid_m * BLOCK_M + column
-    mask = gl.expand_dims(offs_n < N, 1) & gl.expand_dims((offs_m < M) & (column < BLOCK_M), 0)
-    _store_tile(
-        acc, offs_n, offs_m, mask, out_ptr, bias_ptr, global_scale_ptr, pid_k, M, N, stride_om, HAS_BIAS, SPLIT_K
-    )
+        offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
+        column = gl.arange(0, MMA_M, layout=gl.SliceLayout(0, ACC))
+        offs_m = pid_m * BLOCK_M + column
+        mask = gl.expand_dims(offs_n < N, 1) & gl.expand_dims((offs_m < M) & (column < BLOCK_M), 0)
+        _store_tile(
+            acc, offs_n, offs_m, mask, out_ptr, bias_ptr, global_scale_ptr, pid_k, M, N, stride_om, HAS_BIAS, SPLIT_K
+        )
+    else:
+        word_off, scale_off = _chunk_weight_offsets(
+            pid_n, N, stride_wn, stride_sn, chunk_words, chunk_scales, BLOCK_N, CHUNKS, WORDS_COPY, SCALES
+        )
+        lane = pid_m * BLOCK_M + xr // 4  # column (token, chunk) of the MMA
+        tokens = lane // CHUNKS
+        x_off = gl.expand_dims(tokens.to(gl.int64) * stride_xm + (lane % CHUNKS) * (8 * chunk_words), 1)
+        x_off += gl.expand_dims((xr % 4) * (8 * V), 1) + gl.expand_dims(xc, 0)
+        x_mask = gl.expand_dims(tokens < M, 1)
+        acc = _ring_product(
+            x_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, 0, K // CHUNKS // BLOCK_K, BLOCK_M,
+            ROW_TILES, WARPS, STAGES,
+        )  # fmt: skip
+        _store_chunks(
+            acc, pid_n, pid_m, out_ptr, bias_ptr, global_scale_ptr, M, N, stride_om, HAS_BIAS, BLOCK_M, CHUNKS, WARPS
+        )
 
 
 def _copyable(t: torch.Tensor) -> bool:
@@ -428,18 +497,20 @@ def launch(
     use_prmt: bool,
 ) -> torch.Tensor:
     """Run the kernel; ``use_prmt`` is unused. K a multiple of ``BLOCK_K`` (``configs`` offers
-    nothing else)."""
+    nothing else), and of ``CHUNKS x BLOCK_K`` where the rows are cut in chunks."""
+    chunks = config.get("CHUNKS", 1)
+    chunk = packed.shape[1] // 4 // chunks  # int32 words
     return launch_ring(
-        nvfp4_linear_mma_gluon_kernel, aligned_activations, x, packed, scales, global_scale, bias, out, config
-    )
+        nvfp4_linear_mma_gluon_kernel, aligned_activations, x, packed, scales, global_scale, bias, out, config,
+        chunk_words=chunk if chunks > 1 else 0, chunk_scales=chunk // 8 if chunks > 1 else 0, CHUNKS=chunks,
+    )  # fmt: skip
 
 
-def launch_ring(
-    kernel, activations, x, packed, scales, global_scale, bias, out, config: dict, **constexprs
-) -> torch.Tensor:
+def launch_ring(kernel, activations, x, packed, scales, global_scale, bias, out, config: dict, **extra) -> torch.Tensor:
     """Launch a ring-form kernel (this one, ``linear_wgmma_gluon``'s) on ``activations(x)``:
-    the tile grid, weights as int32 words, and the split-K reduce. bf16 activations only: the
-    MMA multiplies bf16, and fp16 activations rounded to bf16 would lose three bits (the
+    the tile grid (``CHUNKS`` rows and columns a weight row and a token where rows are cut in
+    chunks), weights as int32 words, and the split-K reduce. bf16 activations only: the MMA
+    multiplies bf16, and fp16 activations rounded to bf16 would lose three bits (the
     adjudicator records the refusal)."""
     if x.dtype != torch.bfloat16:
         raise ValueError(f"x must be bfloat16 for the bf16 tensor-core form, got {x.dtype}")
@@ -452,7 +523,8 @@ def launch_ring(
     block_n = 16 * config["ROW_TILES"] * config["WARPS"]
     split = config.get("SPLIT_K", 1)
     target = split_target(out, split)
-    grid = (triton.cdiv(n, block_n), triton.cdiv(m, config["BLOCK_M"]), split)
+    chunks = config.get("CHUNKS", 1)
+    grid = (triton.cdiv(chunks * n, block_n), triton.cdiv(chunks * m, config["BLOCK_M"]), split)
     kernel[grid](
         x,
         packed.view(torch.int32),
@@ -474,7 +546,7 @@ def launch_ring(
         STAGES=config["STAGES"],
         SPLIT_K=split,
         num_warps=config["WARPS"],
-        **constexprs,
+        **extra,
     )
     if split > 1:
         reduce_splits(target, global_scale, bias, out)
@@ -484,6 +556,9 @@ def launch_ring(
 # Shared memory a ring may take: what sm_90, sm_100 and sm_110 give a block (227 KiB), less the
 # compiler's own. sm_120 gives 99 KiB: there the larger rings fail to launch and are refused.
 RING_BYTES = 224 << 10
+# Rows cut in 2, 4 or 8 chunks, each chunk an MMA row of its own against its slice of the
+# activations in an MMA column of its own: the columns a few tokens leave empty.
+CHUNKS = (2, 4, 8)
 MAX_TOKENS = 128  # from here on the tensor-core forms with larger tiles (mma, dequant) win
 
 
@@ -524,4 +599,12 @@ def configs(m: int, n: int, k: int) -> list[dict]:
                 out.append(base)
                 programs = triton.cdiv(n, 16 * tiles * warps) * triton.cdiv(m, block_m)
                 out += [{**base, "SPLIT_K": s} for s in split_ks(programs, k, BLOCK_K)]
+    for chunks in CHUNKS:
+        if m * chunks <= 8 and k % (chunks * BLOCK_K) == 0:
+            lanes = next(bm for bm in (2, 4, 8) if bm >= m * chunks)
+            out += [
+                {"BLOCK_M": lanes, "ROW_TILES": tiles, "WARPS": warps, "STAGES": 4, "CHUNKS": chunks}
+                for tiles in (1, 2)
+                for warps in (2, 4)
+            ]
     return out

@@ -228,6 +228,35 @@ def test_mma_gluon_ring_and_splits_cover_every_step_once(m, k, split, stages, bl
     assert (out.double() - ref.double()).norm() / ref.double().norm() < 1e-2
 
 
+@pytest.mark.skipif(not ON_GPU, reason="Gluon has no interpreter: CI builds it and checks its decoder")
+@pytest.mark.parametrize(
+    ("m", "k", "chunks", "block_m", "tiles", "warps"),
+    [
+        (1, 2048, 8, 8, 1, 2),
+        (1, 4096, 4, 4, 2, 4),
+        (1, 1024, 2, 2, 1, 4),
+        (2, 2048, 4, 8, 1, 2),
+        (3, 4096, 2, 8, 2, 2),
+        (4, 1024, 2, 8, 1, 4),
+    ],
+)
+def test_mma_gluon_chunks_sum_every_chunk_of_every_row_once(m, k, chunks, block_m, tiles, warps, device):
+    """Rows cut in chunks, each chunk against its slice of the activations in a column of its
+    own: one step a chunk (2048 in 8), 8 lanes for 8 chunks, 6 lanes of 8 used (3 tokens in 2),
+    a tile of rows past N (1000)."""
+    n = 1000
+    q = nvfp4.quantize(torch.randn(n, k, dtype=torch.bfloat16, device=device))
+    x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
+    bias = torch.randn(n, dtype=torch.bfloat16, device=device)
+    config = {"BLOCK_M": block_m, "ROW_TILES": tiles, "WARPS": warps, "STAGES": 4, "CHUNKS": chunks}
+    for b in (None, bias):
+        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
+        linear_mma_gluon.launch(x, q.packed, q.scales, q.global_scale, b, out, config, False)
+        ref = ops.linear_reference(x, q, b)
+        assert not out.isnan().any()
+        assert (out.double() - ref.double()).norm() / ref.double().norm() < 1e-2
+
+
 @pytest.mark.skipif(
     not ON_GPU or "wgmma_gluon" not in GLUON_FORMS, reason="wgmma is sm_90's: CI builds it for sm_90 only"
 )
