@@ -26,6 +26,16 @@ bytes in flight, the ring does not. Same shape and GPU: 28 us at 1-8 tokens agai
 before and cuBLAS bf16's 56-61. Layers with few rows split K (``SPLIT_K``) as ``linear_mma``
 does, and share its ordered reduce.
 
+At 1-4 tokens most of the MMA's 8 columns are empty, and a program walks its rows' whole K one
+step at a time. ``CHUNKS`` cuts every row in 2, 4 or 8 chunks of K: chunk ``c`` of row ``n`` is
+MMA row ``CHUNKS n + c`` and meets chunk ``c`` of each token in column ``CHUNKS m + c``; the
+program keeps the entries where the chunks agree and sums them (``_store_chunks``). The same
+weight bytes and MMAs, ``CHUNKS`` times the programs each ``CHUNKS`` times shorter, and no fp32
+partials or reduce launch as split-K has. H200, one token (``bench/probe_chunks.py``,
+``h200-probe-chunks-8adad4e.json``): Llama-3-8B's qkv 8.2 us against 9.3 for the best of every
+other form, o 6.6 against 7.4, down 14.6 against 16.2, gate_up 24.7 against 25.5, Qwen3-30B's o
+4.9 against 5.4; Llama's LM head 1% slower (90.6 against 89.9).
+
 Gluon does not run under ``TRITON_INTERPRET``: CI builds it for every target and checks the bit
 placement in plain torch (``bf16_bits``); the GPU suite checks the kernel against the reference.
 """
@@ -582,7 +592,12 @@ def configs(m: int, n: int, k: int) -> list[dict]:
     the H200 six stages never won a shape at 1-64 tokens, and cost occupancy. Where the tiles
     make too few programs, ``linear_mma.split_ks`` variants that reach it (each split at
     least two steps): H200, the 4096 x 14336 down projection at 1-8 tokens in 18 us split in 4,
-    against 30 us unsplit.
+    against 30 us unsplit. Up to 8 columns of tokens times chunks, ``CHUNKS`` variants (whole
+    steps a chunk, 4 stages): on the H200 they were the fastest form for every Llama-3-8B and
+    Qwen3-30B projection at one and two tokens but Llama's LM head at one (1% behind), and for 5
+    of the 7 at four (``h200-probe-chunks-8adad4e.json``); deeper
+    rings (5-8 stages) and 4 row tiles gained at most 5% anywhere and were left out
+    (``h200-probe-ring-depth-8d01d40.json``).
     """
     from flashrt.kernels.decode import interpreted
 

@@ -333,6 +333,40 @@ def test_ring_launchers_hand_their_kernels_words_tiles_and_splits(monkeypatch, d
             mod.launch(x.half(), q.packed, q.scales, q.global_scale, None, out, config, False)
 
 
+def test_mma_gluon_chunks_are_offered_to_few_tokens_and_launched_as_rows_and_lanes(monkeypatch, device):
+    """Rows cut in chunks (``CHUNKS``): offered where the tokens times the chunks fill at most the
+    MMA's 8 columns and every chunk is whole ring steps; launched as ``CHUNKS x N`` rows and
+    ``CHUNKS x M`` lanes in one launch (no partials, no reduce), with a chunk's offset in weight
+    words and scale words. The product they make, checked in torch: the chunk-diagonal of the
+    chunked rows times the chunked tokens is the plain product."""
+    import triton
+
+    monkeypatch.setattr(decode, "interpreted", lambda: False)  # what a compiled GPU is offered
+
+    def offered(m, k):
+        return {(c["CHUNKS"], c["BLOCK_M"]) for c in linear_mma_gluon.configs(m, 4096, k) if "CHUNKS" in c}
+
+    assert offered(1, 4096) == {(2, 2), (4, 4), (8, 8)}
+    assert offered(2, 4096) == {(2, 4), (4, 8)}
+    assert offered(3, 4096) == {(2, 8)} and offered(4, 4096) == {(2, 8)} and offered(5, 4096) == set()
+    assert offered(1, 1536) == {(2, 2)} and offered(1, 768) == set()
+    calls = []
+    monkeypatch.setattr(linear_mma_gluon, "nvfp4_linear_mma_gluon_kernel", _Recorder(calls))
+    monkeypatch.setattr(linear_mma, "splitk_reduce_kernel", _Recorder(calls, "reduce"))
+    q = nvfp4.quantize(torch.randn(1000, 2048, dtype=torch.bfloat16, device=device))
+    x = torch.randn(2, 2048, dtype=torch.bfloat16, device=device)
+    out = torch.zeros(2, 1000, dtype=torch.bfloat16, device=device)
+    config = {"BLOCK_M": 8, "ROW_TILES": 1, "WARPS": 2, "STAGES": 4, "CHUNKS": 4}
+    linear_mma_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, config, False)
+    ((_, grid, args, kwargs),) = calls  # one launch: no reduce
+    assert grid == (triton.cdiv(4 * 1000, 32), 1, 1) and args[5] is out
+    assert (kwargs["CHUNKS"], kwargs["chunk_words"], kwargs["chunk_scales"]) == (4, 2048 // 4 // 8, 2048 // 4 // 64)
+    w, xs = torch.randn(6, 2048, dtype=torch.float64), torch.randn(2, 2048, dtype=torch.float64)
+    lanes = xs.reshape(2 * 4, 512) @ w.reshape(6 * 4, 512).T  # [(token, chunk), (row, chunk)]
+    diagonal = lanes.reshape(2, 4, 6, 4).diagonal(dim1=1, dim2=3).sum(-1)
+    torch.testing.assert_close(diagonal, xs @ w.T)
+
+
 def test_wgmma_form_permutes_activations_into_the_order_its_decode_makes_pairs():
     """The launcher permutes the activations; the kernel decodes each thread's words (lane t,
     group g, word h) into pairs (q0, q1) of elements q and q + 4 and orders them
