@@ -377,7 +377,8 @@ def _store_chunks(
 ):  # fmt: skip
     """The chunked tile ``acc [CHUNKS x rows, CHUNKS x tokens]`` into ``out``: entry ``(CHUNKS n + c,
     CHUNKS m + c')`` is chunk ``c`` of row ``n`` times chunk ``c'`` of token ``m``; the product is
-    the sum of the ``c == c'`` entries, added in chunk order inside the program."""
+    the sum of the ``c == c'`` entries, summed inside the program (in the same order every call:
+    the output is deterministic, as the ordered reduce's is)."""
     BLOCK_N: gl.constexpr = acc.shape[0]
     MMA_M: gl.constexpr = acc.shape[1]
     ACC: gl.constexpr = acc.type.layout
