@@ -156,18 +156,33 @@ def few_tokens_layout(block_m, warps):
 
 
 @gluon.jit
+def _row_offsets(rows, N, stride, CHUNKS: gl.constexpr, chunk):
+    """Where rows start: weight rows ``rows`` or, with ``CHUNKS > 1``, ``CHUNKS * N`` rows of
+    which row ``CHUNKS * n + c`` is chunk ``c`` of weight row ``n``, ``chunk`` past the last.
+    Rows past the end read the last one instead of being masked (their outputs are never
+    stored)."""
+    if CHUNKS == 1:
+        start = gl.minimum(rows, N - 1).to(gl.int64) * stride
+    else:
+        rows = gl.minimum(rows, CHUNKS * N - 1)
+        start = (rows // CHUNKS).to(gl.int64) * stride + (rows % CHUNKS) * chunk
+    return start
+
+
+@gluon.jit
 def _weight_offsets(
-    pid_n, N, stride_wn, stride_sn, BLOCK_N: gl.constexpr, WORDS_COPY: gl.constexpr, SCALES: gl.constexpr
-):
+    pid_n, N, stride_wn, stride_sn, BLOCK_N: gl.constexpr, WORDS_COPY: gl.constexpr, SCALES: gl.constexpr,
+    CHUNKS: gl.constexpr = 1, chunk_words=0, chunk_scales=0,
+):  # fmt: skip
     """Offsets of a program's weight words ``[BLOCK_N, 4V]`` (as copied) and scale words
-    ``[BLOCK_N, 4]`` at step 0. Rows past N read row N - 1 instead of being masked (their
-    outputs are never stored)."""
+    ``[BLOCK_N, 4]`` at step 0 (``_row_offsets``: rows cut in ``CHUNKS`` chunks of
+    ``chunk_words`` words and ``chunk_scales`` scale words)."""
     wr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, WORDS_COPY))
     wc = gl.arange(0, 4 * V, layout=gl.SliceLayout(0, WORDS_COPY))
-    word_off = gl.expand_dims(gl.minimum(pid_n * BLOCK_N + wr, N - 1).to(gl.int64) * stride_wn, 1)
+    word_off = gl.expand_dims(_row_offsets(pid_n * BLOCK_N + wr, N, stride_wn, CHUNKS, chunk_words), 1)
     sr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, SCALES))
     st = gl.arange(0, 4, layout=gl.SliceLayout(0, SCALES))
-    scale_off = gl.expand_dims(gl.minimum(pid_n * BLOCK_N + sr, N - 1).to(gl.int64) * stride_sn, 1)
+    scale_off = gl.expand_dims(_row_offsets(pid_n * BLOCK_N + sr, N, stride_sn, CHUNKS, chunk_scales), 1)
     return word_off + gl.expand_dims(wc, 0), scale_off + gl.expand_dims(st, 0)
 
 
@@ -353,24 +368,6 @@ def _activation_offsets(tokens, xr, xc, stride_xm):
 
 
 @gluon.jit
-def _chunk_weight_offsets(
-    pid_n, N, stride_wn, stride_sn, chunk_words, chunk_scales, BLOCK_N: gl.constexpr, CHUNKS: gl.constexpr,
-    WORDS_COPY: gl.constexpr, SCALES: gl.constexpr,
-):  # fmt: skip
-    """``_weight_offsets`` of ``CHUNKS * N`` rows: row ``CHUNKS * n + c`` is chunk ``c`` of weight
-    row ``n``, ``chunk_words`` words from the last. Rows past the end read the last one."""
-    wr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, WORDS_COPY))
-    wc = gl.arange(0, 4 * V, layout=gl.SliceLayout(0, WORDS_COPY))
-    rows = gl.minimum(pid_n * BLOCK_N + wr, CHUNKS * N - 1)
-    word_off = (rows // CHUNKS).to(gl.int64) * stride_wn + (rows % CHUNKS) * chunk_words
-    sr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, SCALES))
-    st = gl.arange(0, 4, layout=gl.SliceLayout(0, SCALES))
-    rows = gl.minimum(pid_n * BLOCK_N + sr, CHUNKS * N - 1)
-    scale_off = (rows // CHUNKS).to(gl.int64) * stride_sn + (rows % CHUNKS) * chunk_scales
-    return gl.expand_dims(word_off, 1) + gl.expand_dims(wc, 0), gl.expand_dims(scale_off, 1) + gl.expand_dims(st, 0)
-
-
-@gluon.jit
 def _store_chunks(
     acc, pid_n, pid_m, out_ptr, bias_ptr, global_scale_ptr, M, N, stride_om, HAS_BIAS: gl.constexpr,
     BLOCK_M: gl.constexpr, CHUNKS: gl.constexpr, WARPS: gl.constexpr,
@@ -445,20 +442,29 @@ def nvfp4_linear_mma_gluon_kernel(
 
     xr = gl.arange(0, 4 * BLOCK_M, layout=gl.SliceLayout(1, ACTS_COPY))
     xc = gl.arange(0, 8 * V, layout=gl.SliceLayout(0, ACTS_COPY))
+    word_off, scale_off = _weight_offsets(
+        pid_n, N, stride_wn, stride_sn, BLOCK_N, WORDS_COPY, SCALES, CHUNKS, chunk_words, chunk_scales
+    )
     if CHUNKS == 1:
-        word_off, scale_off = _weight_offsets(pid_n, N, stride_wn, stride_sn, BLOCK_N, WORDS_COPY, SCALES)
         tokens = pid_m * BLOCK_M + xr // 4
         x_off = _activation_offsets(tokens, xr, xc, stride_xm)
-        x_mask = gl.expand_dims(tokens < M, 1)
-
         per_split = gl.cdiv(K // BLOCK_K, SPLIT_K)
         first = pid_k * per_split
         steps = gl.minimum(per_split, K // BLOCK_K - first)
-        acc = _ring_product(
-            x_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, first, steps, BLOCK_M, ROW_TILES,
-            WARPS, STAGES,
-        )  # fmt: skip
+    else:
+        lane = pid_m * BLOCK_M + xr // 4  # column (token, chunk) of the MMA
+        tokens = lane // CHUNKS
+        x_off = gl.expand_dims(tokens.to(gl.int64) * stride_xm + (lane % CHUNKS) * (8 * chunk_words), 1)
+        x_off += gl.expand_dims((xr % 4) * (8 * V), 1) + gl.expand_dims(xc, 0)
+        first = 0
+        steps = K // CHUNKS // BLOCK_K
+    x_mask = gl.expand_dims(tokens < M, 1)
+    acc = _ring_product(
+        x_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, first, steps, BLOCK_M, ROW_TILES, WARPS,
+        STAGES,
+    )  # fmt: skip
 
+    if CHUNKS == 1:
         offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
         column = gl.arange(0, MMA_M, layout=gl.SliceLayout(0, ACC))
         offs_m = pid_m * BLOCK_M + column
@@ -467,18 +473,6 @@ def nvfp4_linear_mma_gluon_kernel(
             acc, offs_n, offs_m, mask, out_ptr, bias_ptr, global_scale_ptr, pid_k, M, N, stride_om, HAS_BIAS, SPLIT_K
         )
     else:
-        word_off, scale_off = _chunk_weight_offsets(
-            pid_n, N, stride_wn, stride_sn, chunk_words, chunk_scales, BLOCK_N, CHUNKS, WORDS_COPY, SCALES
-        )
-        lane = pid_m * BLOCK_M + xr // 4  # column (token, chunk) of the MMA
-        tokens = lane // CHUNKS
-        x_off = gl.expand_dims(tokens.to(gl.int64) * stride_xm + (lane % CHUNKS) * (8 * chunk_words), 1)
-        x_off += gl.expand_dims((xr % 4) * (8 * V), 1) + gl.expand_dims(xc, 0)
-        x_mask = gl.expand_dims(tokens < M, 1)
-        acc = _ring_product(
-            x_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, 0, K // CHUNKS // BLOCK_K, BLOCK_M,
-            ROW_TILES, WARPS, STAGES,
-        )  # fmt: skip
         _store_chunks(
             acc, pid_n, pid_m, out_ptr, bias_ptr, global_scale_ptr, M, N, stride_om, HAS_BIAS, BLOCK_M, CHUNKS, WARPS
         )
