@@ -504,10 +504,11 @@ def launch(
     """Run the kernel; ``use_prmt`` is unused. K a multiple of ``BLOCK_K`` (``configs`` offers
     nothing else), and of ``CHUNKS x BLOCK_K`` where the rows are cut in chunks."""
     chunks = config.get("CHUNKS", 1)
-    chunk = packed.shape[1] // 4 // chunks  # int32 words
+    # int32 words of a chunk; 0 for whole rows, so they compile once for every K
+    chunk_words = packed.shape[1] // 4 // chunks if chunks > 1 else 0
     return launch_ring(
         nvfp4_linear_mma_gluon_kernel, aligned_activations, x, packed, scales, global_scale, bias, out, config,
-        chunk_words=chunk if chunks > 1 else 0, chunk_scales=chunk // 8 if chunks > 1 else 0, CHUNKS=chunks,
+        chunk_words=chunk_words, chunk_scales=chunk_words // 8, CHUNKS=chunks,
     )  # fmt: skip
 
 
