@@ -160,25 +160,29 @@ _MOE_GATE_UP_GEMV_SIG = {
     "stride_xm": "i32",
     "stride_hm": "i32",
 } | _MOE_GEMV_COMMON
-_MOE_GATE_UP_RING_SIG = {
-    "hidden_ptr": "*bf16",
-    "words_ptr": "*i32",
-    "scales_ptr": "*i32",  # scale bytes copied as words
-    "global_scale_ptr": "*fp32",
-    "topk_ids_ptr": "*i64",
-    "sorted_pairs_ptr": "*i32",
-    "expert_offsets_ptr": "*i32",
-    "expert_counts_ptr": "*i32",
-    "topk_weights_ptr": "*bf16",
-    "down_global_scale_ptr": "*fp32",
-    "h_ptr": "*bf16",
-    "N": "i32",
-    "K": "i32",
-    "E": "i32",
-    "TOP_K": "i32",
-    "stride_xm": "i32",
-    "stride_hm": "i32",
-} | _MOE_GEMV_COMMON
+_MOE_GATE_UP_RING_SIG = (
+    {
+        "hidden_ptr": "*bf16",
+        "words_ptr": "*i32",
+        "scales_ptr": "*i32",  # scale bytes copied as words
+        "global_scale_ptr": "*fp32",
+        "topk_ids_ptr": "*i64",
+        "sorted_pairs_ptr": "*i32",
+        "expert_offsets_ptr": "*i32",
+        "expert_counts_ptr": "*i32",
+        "topk_weights_ptr": "*bf16",
+        "down_global_scale_ptr": "*fp32",
+        "h_ptr": "*bf16",
+        "N": "i32",
+        "K": "i32",
+        "E": "i32",
+        "TOP_K": "i32",
+        "stride_xm": "i32",
+        "stride_hm": "i32",
+    }
+    | _MOE_GEMV_COMMON
+    | {"chunk_words": "i32", "chunk_scales": "i32"}
+)
 _MOE_DOWN_RING_SIG = {
     "h_ptr": "*bf16",
     "words_ptr": "*i32",
@@ -186,6 +190,17 @@ _MOE_DOWN_RING_SIG = {
     "topk_ids_ptr": "*i64",
     "out_ptr": "*bf16",
     "M": "i32",
+    "N": "i32",
+    "K": "i32",
+    "TOP_K": "i32",
+    "stride_om": "i32",
+} | _MOE_GEMV_COMMON
+_MOE_DOWN_SLOTS_RING_SIG = {
+    "h_ptr": "*bf16",
+    "words_ptr": "*i32",
+    "scales_ptr": "*i32",
+    "topk_ids_ptr": "*i64",
+    "out_ptr": "*bf16",
     "N": "i32",
     "K": "i32",
     "TOP_K": "i32",
@@ -435,11 +450,16 @@ def builds() -> Iterator[Build]:
             block_m = moe_ring_gluon.GROUP_TILE if cfg["GROUPED"] else 1
             ring_down = "DOWN_WARPS" in cfg
             consts = {"BLOCK_M": block_m, "E_POW2": 128, "WARPS": cfg["WARPS"], "STAGES": cfg["STAGES"]}
-            consts |= {"FOLD_DOWN": ring_down}
+            consts |= {"FOLD_DOWN": ring_down, "CHUNKS": cfg.get("CHUNKS", 1)}
             fn = moe_ring_gluon.moe_gate_up_ring_kernel
             sig = _with_constexprs(_MOE_GATE_UP_RING_SIG, consts)
             yield from unique(Build("moe_gate_up_ring", fn, sig, consts, cfg["WARPS"], 1))
-            if "DOWN_GROUPED" in cfg:
+            if "DOWN_SLOTS" in cfg:
+                consts = {"SLOTS": 8, "WARPS": cfg["DOWN_WARPS"], "STAGES": cfg["STAGES"]}
+                fn = moe_ring_gluon.moe_down_slots_ring_kernel
+                sig = _with_constexprs(_MOE_DOWN_SLOTS_RING_SIG, consts)
+                yield from unique(Build("moe_down_slots_ring", fn, sig, consts, cfg["DOWN_WARPS"], 1))
+            elif "DOWN_GROUPED" in cfg:
                 consts = {"BLOCK_M": moe_ring_gluon.GROUP_TILE, "E_POW2": 128, "WARPS": cfg["DOWN_WARPS"]}
                 consts |= {"STAGES": cfg["STAGES"]}
                 fn = moe_ring_gluon.moe_down_grouped_ring_kernel

@@ -368,25 +368,34 @@ def _activation_offsets(tokens, xr, xc, stride_xm):
 
 
 @gluon.jit
-def _store_chunks(
-    acc, pid_n, pid_m, out_ptr, bias_ptr, global_scale_ptr, M, N, stride_om, HAS_BIAS: gl.constexpr,
-    BLOCK_M: gl.constexpr, CHUNKS: gl.constexpr, WARPS: gl.constexpr,
-):  # fmt: skip
-    """The chunked tile ``acc [CHUNKS x rows, CHUNKS x tokens]`` into ``out``: entry ``(CHUNKS n + c,
-    CHUNKS m + c')`` is chunk ``c`` of row ``n`` times chunk ``c'`` of token ``m``; the product is
-    the sum of the ``c == c'`` entries, summed inside the program (in the same order every call:
-    the output is deterministic, as the ordered reduce's is)."""
+def _sum_chunks(acc, lanes, CHUNKS: gl.constexpr, WARPS: gl.constexpr):
+    """``acc [CHUNKS x rows, CHUNKS x columns]`` of rows cut in chunks: entry ``(CHUNKS n + c,
+    CHUNKS m + c')`` is chunk ``c`` of row ``n`` times chunk ``c'`` of column ``m``; row ``n``
+    times column ``m`` is the sum of the ``c == c'`` entries, of the first ``lanes`` MMA columns
+    (the rest read nothing). Summed inside the program, in the same order every call: the
+    output is deterministic, as the ordered reduce's is. ``[rows, columns]``, a row a thread."""
     BLOCK_N: gl.constexpr = acc.shape[0]
     MMA_M: gl.constexpr = acc.shape[1]
     ACC: gl.constexpr = acc.type.layout
     r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
     t = gl.arange(0, MMA_M, layout=gl.SliceLayout(0, ACC))
     same = gl.expand_dims(r % CHUNKS, 1) == gl.expand_dims(t % CHUNKS, 0)
-    acc = gl.where(same & gl.expand_dims(t < BLOCK_M, 0), acc, 0.0)
+    acc = gl.where(same & gl.expand_dims(t < lanes, 0), acc, 0.0)
     acc = gl.sum(gl.reshape(acc, [BLOCK_N // CHUNKS, CHUNKS, MMA_M // CHUNKS, CHUNKS]), axis=3)
     acc = gl.sum(acc, axis=1)
-    OUT: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [WARPS, 1], [0, 1])
-    acc = gl.convert_layout(acc, OUT)
+    return gl.convert_layout(acc, gl.BlockedLayout([1, 1], [32, 1], [WARPS, 1], [0, 1]))
+
+
+@gluon.jit
+def _store_chunks(
+    acc, pid_n, pid_m, out_ptr, bias_ptr, global_scale_ptr, M, N, stride_om, HAS_BIAS: gl.constexpr,
+    BLOCK_M: gl.constexpr, CHUNKS: gl.constexpr, WARPS: gl.constexpr,
+):  # fmt: skip
+    """The chunked tile ``acc [CHUNKS x rows, CHUNKS x tokens]`` into ``out`` (``_sum_chunks``)."""
+    BLOCK_N: gl.constexpr = acc.shape[0]
+    MMA_M: gl.constexpr = acc.shape[1]
+    acc = _sum_chunks(acc, BLOCK_M, CHUNKS, WARPS)
+    OUT: gl.constexpr = acc.type.layout
     rows = pid_n * (BLOCK_N // CHUNKS) + gl.arange(0, BLOCK_N // CHUNKS, layout=gl.SliceLayout(1, OUT))
     column = gl.arange(0, MMA_M // CHUNKS, layout=gl.SliceLayout(0, OUT))
     tokens = pid_m * (BLOCK_M // CHUNKS) + column

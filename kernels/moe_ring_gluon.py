@@ -44,11 +44,13 @@ from flashrt.kernels.linear_mma import reduce_splits, split_ks, split_target
 from flashrt.kernels.linear_mma_gluon import (
     _EPILOGUE_FACTOR,
     BLOCK_K,
+    CHUNKS,
     V,
     _activation_offsets,
     _copyable,
     _ring_product,
     _store_tile,
+    _sum_chunks,
     _weight_offsets,
     acts_copy_layout,
     aligned_activations,
@@ -61,11 +63,20 @@ from triton.experimental.gluon import language as gl
 
 
 @gluon.jit
-def _gate_up_rows(i, pid_n, N, HALF: gl.constexpr):
-    """Weight row of program row ``i``: gate row ``pid_n * HALF + i`` for the first ``HALF``, the
-    matching up row (``N`` further) for the rest. Rows past N read row N - 1's (never stored)."""
-    row = gl.minimum(pid_n * HALF + i % HALF, N - 1)
-    return (row + (i // HALF) * N).to(gl.int64)
+def _gate_up_offsets(i, pid_n, N, stride, HALF: gl.constexpr, CHUNKS: gl.constexpr, chunk):
+    """Where program row ``i`` starts: of the ``HALF // CHUNKS`` gate rows from ``pid_n * HALF //
+    CHUNKS`` for the first ``HALF`` program rows, of the matching up rows (``N`` further) for the
+    rest; with ``CHUNKS > 1`` program row ``CHUNKS j + c`` is chunk ``c`` (``chunk`` apart) of
+    row ``j``. Rows past N read row N - 1's (never stored)."""
+    if CHUNKS == 1:
+        row = gl.minimum(pid_n * HALF + i % HALF, N - 1)
+        start = (row + (i // HALF) * N).to(gl.int64) * stride
+    else:
+        ROWS: gl.constexpr = HALF // CHUNKS
+        j = i // CHUNKS
+        row = gl.minimum(pid_n * ROWS + j % ROWS, N - 1)
+        start = (row + (j // ROWS) * N).to(gl.int64) * stride + (i % CHUNKS) * chunk
+    return start
 
 
 @gluon.jit
@@ -115,11 +126,14 @@ def moe_gate_up_ring_kernel(
     stride_wn,
     stride_se,
     stride_sn,
+    chunk_words,
+    chunk_scales,
     BLOCK_M: gl.constexpr,
     E_POW2: gl.constexpr,
     WARPS: gl.constexpr,
     STAGES: gl.constexpr,
     FOLD_DOWN: gl.constexpr,
+    CHUNKS: gl.constexpr,
 ):
     """``h[pair, rows] = silu(gate_e @ x_t) * (up_e @ x_t)``, e and t the pair's expert and token;
     weight words and scale words (int32) by expert, row. ``BLOCK_M == 1``: one program a pair
@@ -127,22 +141,27 @@ def moe_gate_up_ring_kernel(
     layout, the pairs of one expert, which it reads once for all of them; past the last run a
     program has no steps and stores nothing. ``FOLD_DOWN``: each pair's row of h times its
     routing weight and its expert's down global scale, what the ring downs sum as they are (a
-    global scale of 0, an expert a checkpoint pruned, then adds nothing)."""
+    global scale of 0, an expert a checkpoint pruned, then adds nothing). ``CHUNKS > 1`` (one
+    program a pair): the rows cut in chunks of K as ``linear_mma_gluon``'s, chunk c of the
+    pair's token in MMA column c, ``16 * WARPS / CHUNKS`` gate rows and as many up rows a
+    program (``chunk_words`` and ``chunk_scales`` int32 words a chunk)."""
     HALF: gl.constexpr = 16 * WARPS  # a row tile of gate rows, then one of up rows
+    ROWS: gl.constexpr = HALF // CHUNKS  # gate rows a program, and as many up rows
     BLOCK_K: gl.constexpr = 32 * V
-    MMA_M: gl.constexpr = mma_tokens(BLOCK_M)
+    RING_M: gl.constexpr = BLOCK_M * CHUNKS  # the ring's columns: pairs, or the chunks of one
+    MMA_M: gl.constexpr = mma_tokens(RING_M)
     SCALES: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, words_layout(2, WARPS)))
     WORDS_COPY: gl.constexpr = words_copy_layout(WARPS)
     ACTS_COPY: gl.constexpr = acts_copy_layout(WARPS)
 
     pid_n, pid_m = gl.program_id(0), gl.program_id(1)
-    xr = gl.arange(0, 4 * BLOCK_M, layout=gl.SliceLayout(1, ACTS_COPY))
+    xr = gl.arange(0, 4 * RING_M, layout=gl.SliceLayout(1, ACTS_COPY))
     xc = gl.arange(0, 8 * V, layout=gl.SliceLayout(0, ACTS_COPY))
     if BLOCK_M == 1:
         expert = gl.load(topk_ids_ptr + pid_m).to(gl.int64)
-        x_tokens = pid_m // TOP_K + xr // 4
-        x_valid = xr < 4
-        steps = K // BLOCK_K
+        x_tokens = pid_m // TOP_K + xr // (4 * CHUNKS)
+        x_valid = xr < 4 * CHUNKS
+        steps = K // CHUNKS // BLOCK_K
     else:
         row_start, expert, valid_end, has_run = _tile_run(
             pid_m, expert_offsets_ptr, expert_counts_ptr, E, E_POW2, BLOCK_M, WARPS
@@ -153,25 +172,33 @@ def moe_gate_up_ring_kernel(
 
     wr = gl.arange(0, 2 * HALF, layout=gl.SliceLayout(1, WORDS_COPY))
     wc = gl.arange(0, 4 * V, layout=gl.SliceLayout(0, WORDS_COPY))
-    word_rows = _gate_up_rows(wr, pid_n, N, HALF) * stride_wn + expert * stride_we
+    word_rows = _gate_up_offsets(wr, pid_n, N, stride_wn, HALF, CHUNKS, chunk_words) + expert * stride_we
     word_off = gl.expand_dims(word_rows, 1) + gl.expand_dims(wc, 0)
     sr = gl.arange(0, 2 * HALF, layout=gl.SliceLayout(1, SCALES))
     st = gl.arange(0, 4, layout=gl.SliceLayout(0, SCALES))
-    scale_rows = _gate_up_rows(sr, pid_n, N, HALF) * stride_sn + expert * stride_se
+    scale_rows = _gate_up_offsets(sr, pid_n, N, stride_sn, HALF, CHUNKS, chunk_scales) + expert * stride_se
     scale_off = gl.expand_dims(scale_rows, 1) + gl.expand_dims(st, 0)
     x_off = _activation_offsets(x_tokens, xr, xc, stride_xm)
+    if CHUNKS > 1:
+        x_off += gl.expand_dims((xr // 4) * (8 * chunk_words), 1)  # ring row xr reads chunk xr // 4
     x_mask = gl.expand_dims(x_valid, 1)
 
     acc = _ring_product(
-        hidden_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, 0, steps, BLOCK_M, 2, WARPS, STAGES
-    )  # [2 * HALF, MMA_M]: gate rows, then up rows; a column a pair
-    gate, up = gl.split(gl.permute(gl.reshape(acc, (2, HALF, MMA_M)), (1, 2, 0)))
+        hidden_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, 0, steps, RING_M, 2, WARPS, STAGES
+    )  # [2 * HALF, MMA_M]: gate rows, then up rows; a column a pair (or a chunk of the pair)
+    if CHUNKS > 1:
+        acc = _sum_chunks(acc, CHUNKS, CHUNKS, WARPS)  # [2 * ROWS, MMA_M / CHUNKS]: column 0 the pair
+        both = gl.permute(gl.reshape(acc, (2, ROWS, MMA_M // CHUNKS)), (1, 2, 0))
+        both = gl.convert_layout(both, gl.BlockedLayout([1, 1, 2], [32, 1, 1], [WARPS, 1, 1], [2, 1, 0]))
+    else:
+        both = gl.permute(gl.reshape(acc, (2, HALF, MMA_M)), (1, 2, 0))
+    gate, up = gl.split(both)  # a thread's gate and up of the same rows
     scale = gl.load(global_scale_ptr + expert) * _EPILOGUE_FACTOR
     gate = gate * scale
     h = gate / (1.0 + gl.exp(-gate)) * (up * scale)
     H: gl.constexpr = gate.type.layout
-    offs_n = pid_n * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, H))
-    column = gl.arange(0, MMA_M, layout=gl.SliceLayout(0, H))
+    offs_n = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, H))
+    column = gl.arange(0, MMA_M // CHUNKS, layout=gl.SliceLayout(0, H))
     if BLOCK_M == 1:
         pairs = pid_m + column * 0
         column_valid = column < 1
@@ -246,6 +273,76 @@ def moe_down_ring_kernel(
     _store_tile(
         acc, offs_n, token + column * 0, mask, out_ptr, out_ptr, out_ptr, pid_k, M, N, stride_om, False, SPLIT_K, False
     )
+
+
+@gluon.jit
+def _slot_offsets(i, pid_n, token, topk_ids_ptr, N, TOP_K, stride, stride_e, SLOTS: gl.constexpr, ROWS: gl.constexpr):
+    """Where program row ``i = SLOTS n + j`` starts: row ``pid_n * ROWS + n`` of the expert in
+    slot ``j`` of the token's walk (expert 0's for the slots past ``TOP_K``, which meet no
+    activations). Rows past N read row N - 1's (never stored)."""
+    j = i % SLOTS
+    row = gl.minimum(pid_n * ROWS + i // SLOTS, N - 1)
+    expert = gl.load(topk_ids_ptr + token * TOP_K + j, mask=j < TOP_K, other=0).to(gl.int64)
+    return row.to(gl.int64) * stride + expert * stride_e
+
+
+@gluon.jit
+def moe_down_slots_ring_kernel(
+    h_ptr,
+    words_ptr,
+    scales_ptr,
+    topk_ids_ptr,
+    out_ptr,
+    N,
+    K,
+    TOP_K,
+    stride_om,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    SLOTS: gl.constexpr,
+    WARPS: gl.constexpr,
+    STAGES: gl.constexpr,
+):
+    """The walk's sum, ``out[t, rows] = sum_j down_e(j) @ h[t * TOP_K + j]`` (h folded), with
+    the token's experts side by side instead of one after the other: program row ``SLOTS n + j``
+    is row n of slot j's expert and meets pair j's row of h in MMA column j, ``linear_mma_gluon``'s
+    rows cut in chunks with an expert a chunk (``SLOTS``, ``TOP_K`` rounded up to a power of 2,
+    at most the MMA's 8 columns). One program a (block of ``16 * WARPS / SLOTS`` rows, token),
+    K / ``BLOCK_K`` steps: the walk's programs take ``TOP_K`` times the steps, or split them
+    into partials that a second launch reduces."""
+    BLOCK_N: gl.constexpr = 16 * WARPS
+    ROWS: gl.constexpr = BLOCK_N // SLOTS
+    BLOCK_K: gl.constexpr = 32 * V
+    SCALES: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, words_layout(1, WARPS)))
+    WORDS_COPY: gl.constexpr = words_copy_layout(WARPS)
+    ACTS_COPY: gl.constexpr = acts_copy_layout(WARPS)
+
+    pid_n, token = gl.program_id(0), gl.program_id(1)
+    wr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, WORDS_COPY))
+    wc = gl.arange(0, 4 * V, layout=gl.SliceLayout(0, WORDS_COPY))
+    word_rows = _slot_offsets(wr, pid_n, token, topk_ids_ptr, N, TOP_K, stride_wn, stride_we, SLOTS, ROWS)
+    word_off = gl.expand_dims(word_rows, 1) + gl.expand_dims(wc, 0)
+    sr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, SCALES))
+    st = gl.arange(0, 4, layout=gl.SliceLayout(0, SCALES))
+    scale_rows = _slot_offsets(sr, pid_n, token, topk_ids_ptr, N, TOP_K, stride_sn, stride_se, SLOTS, ROWS)
+    scale_off = gl.expand_dims(scale_rows, 1) + gl.expand_dims(st, 0)
+    xr = gl.arange(0, 4 * SLOTS, layout=gl.SliceLayout(1, ACTS_COPY))
+    xc = gl.arange(0, 8 * V, layout=gl.SliceLayout(0, ACTS_COPY))
+    slot = xr // 4
+    x_off = _activation_offsets(token * TOP_K + slot, xr, xc, K)  # a token's pair rows lie end to end
+    x_mask = gl.expand_dims(slot < TOP_K, 1)
+    acc = _ring_product(
+        h_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, 0, K // BLOCK_K, SLOTS, 1, WARPS, STAGES
+    )  # fmt: skip
+    acc = _sum_chunks(acc, TOP_K, SLOTS, WARPS)  # [ROWS, MMA columns / SLOTS]: column 0 the token
+    OUT: gl.constexpr = acc.type.layout
+    rows = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, OUT))
+    column = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, OUT))
+    mask = gl.expand_dims(rows < N, 1) & gl.expand_dims(column < 1, 0)
+    out = out_ptr + gl.expand_dims(token.to(gl.int64) * stride_om + column * 0, 0) + gl.expand_dims(rows, 1)
+    gl.store(out, (acc * _EPILOGUE_FACTOR).to(out_ptr.dtype.element_ty), mask=mask)  # the global scales are in h
 
 
 @gluon.jit
@@ -356,7 +453,15 @@ def launch(
         grouping, block_m, tiles = (g.sorted_pairs, g.expert_offsets, g.expert_counts), GROUP_TILE, g.rows // GROUP_TILE
     else:
         grouping, block_m, tiles = (ids, ids, ids), 1, pairs  # unread
-    moe_gate_up_ring_kernel[(triton.cdiv(n, 16 * config["WARPS"]), tiles)](
+    chunks = config.get("CHUNKS", 1)
+    if chunks > 1 and (config["GROUPED"] or k % (chunks * BLOCK_K)):
+        raise ValueError(
+            f"CHUNKS={chunks}: the gate_up cuts a pair's rows in chunks of whole {BLOCK_K}-element steps, "
+            f"one program a pair: needs GROUPED=0 and hidden a multiple of {chunks * BLOCK_K}, got "
+            f"GROUPED={config['GROUPED']} and {k}; use CHUNKS=1"
+        )
+    chunk_words = k // chunks // 8 if chunks > 1 else 0
+    moe_gate_up_ring_kernel[(triton.cdiv(n, 16 * config["WARPS"] // chunks), tiles)](
         hidden,
         words,
         scale_words,
@@ -376,11 +481,14 @@ def launch(
         words.stride(1),
         scale_words.stride(0),
         scale_words.stride(1),
+        chunk_words,
+        chunk_words // 8,
         BLOCK_M=block_m,
         E_POW2=triton.next_power_of_2(experts),
         WARPS=config["WARPS"],
         STAGES=config["STAGES"],
         FOLD_DOWN=ring_down,
+        CHUNKS=chunks,
         num_warps=config["WARPS"],
     )
     if ring_down:
@@ -394,13 +502,42 @@ def launch_down(
     h: torch.Tensor, down: tuple, topk_ids: torch.Tensor, out: torch.Tensor, config: dict, grouping=None
 ) -> torch.Tensor:
     """The ring down on the folded ``h [pairs, N]``, ``16 * DOWN_WARPS`` rows a program, the
-    ring's stages the gate_up's: the walk, a program a (row block, token, split); or grouped
-    (``DOWN_GROUPED``, on ``grouping``), a program a (row block, tile), fp32 partials a pair."""
+    ring's stages the gate_up's: the walk, a program a (row block, token, split); a token's
+    experts side by side (``DOWN_SLOTS``), a program a (block of ``16 * DOWN_WARPS / SLOTS``
+    rows, token), no partials; or grouped (``DOWN_GROUPED``, on ``grouping``), a program a (row
+    block, tile), fp32 partials a pair."""
     dn_packed, dn_scales, _ = down  # the global scales are folded into h
     t, top_k = topk_ids.shape
     k, n = dn_packed.shape[1], h.shape[1]
     words, scale_words = dn_packed.view(torch.int32), dn_scales.view(torch.uint8).view(torch.int32)
     warps = config["DOWN_WARPS"]
+    if "DOWN_SLOTS" in config:
+        slots = triton.next_power_of_2(top_k)
+        if slots > 8:
+            raise ValueError(
+                f"DOWN_SLOTS: a token's experts side by side take the MMA's 8 columns, so top_k <= 8, "
+                f"got {top_k}; use a config with DOWN_SPLIT (the walk)"
+            )
+        moe_down_slots_ring_kernel[(triton.cdiv(k, 16 * warps // slots), t)](
+            h,
+            words,
+            scale_words,
+            topk_ids.reshape(-1),
+            out,
+            k,
+            n,
+            top_k,
+            out.stride(0),
+            words.stride(0),
+            words.stride(1),
+            scale_words.stride(0),
+            scale_words.stride(1),
+            SLOTS=slots,
+            WARPS=warps,
+            STAGES=config["STAGES"],
+            num_warps=warps,
+        )
+        return out
     if "DOWN_GROUPED" in config:
         partials = torch.empty(top_k, t, k, dtype=torch.float32, device=out.device)
         moe_down_grouped_ring_kernel[(triton.cdiv(k, 16 * warps), grouping.rows // GROUP_TILE)](
@@ -460,6 +597,9 @@ def launch_down(
 # The walk configs assume: a top-8 bank's down walks 8 experts, so splits keep two steps each
 # (fewer experts: a split past the walk stores zeros, which the reduce adds).
 WALK_EXPERTS = 8
+# Rows cut in chunks (the gate_up's CHUNKS, the down's DOWN_SLOTS) where few tokens leave the
+# MMA's columns empty: up to 4 tokens, as ``linear_mma_gluon`` offers its chunks.
+SLOTS_UPTO = 4
 # The grouped down from 8 tokens on: about 54 experts for 64 pairs there, where it tied the walk
 # (68.7 against 68.8 us, ea7c354), and it lost at one token (22.6 against 21.8).
 DOWN_GROUPED_FROM = 8
@@ -497,9 +637,18 @@ def configs(t: int, n: int, k: int) -> list[dict]:
     ways = [(grouped, down) for grouped in (0, 1) for down in downs]
     if n % BLOCK_K == 0 and t >= DOWN_GROUPED_FROM:
         ways += [(1, {"DOWN_WARPS": warps, "DOWN_GROUPED": 1}) for warps in (1, 2)]
-    return [
+    offered = [
         {"GROUPED": grouped, "WARPS": warps, "STAGES": stages, **down}
         for grouped, down in ways
         for warps in (1, 2)
         for stages in (3, 4)
     ]
+    if n % BLOCK_K == 0 and t <= SLOTS_UPTO:
+        offered += [
+            {"GROUPED": 0, "WARPS": warps, "STAGES": 4, "CHUNKS": chunks, "DOWN_WARPS": down_warps, "DOWN_SLOTS": 1}
+            for chunks in (1, *CHUNKS)
+            if k % (chunks * BLOCK_K) == 0
+            for warps in (1, 2)
+            for down_warps in (1, 2)
+        ]
+    return offered

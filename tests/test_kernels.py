@@ -667,7 +667,8 @@ def test_expert_launchers_hand_their_kernels_the_pairs_words_and_one_h(monkeypat
         assert h.shape == (t * top_k, n) and down_args[0] is h, "down reads the h gate_up wrote"
         assert words.dtype == torch.int32 and torch.equal(words.view(torch.uint8), gu.packed)
         assert torch.equal(scales.view(torch.uint8), gu.scales.view(torch.uint8))
-        assert up_args[-4:] == (*words.stride()[:2], *scales.stride()[:2])
+        strides = up_args[-6:-2] if mod is moe_ring_gluon else up_args[-4:]
+        assert strides == (*words.stride()[:2], *scales.stride()[:2])
         assert torch.equal(up_args[4], ids.reshape(-1)) and torch.equal(down_args[4], ids.reshape(-1))
         assert up_args[at + 1 : at + 3] == (n, k) and up_args[at + 3 + (mod is moe_ring_gluon)] == top_k
         assert torch.equal(down_args[1].view(torch.uint8), dn.packed) and down_args[6] is out
@@ -756,6 +757,78 @@ def test_ring_expert_down_walks_each_tokens_experts_on_the_folded_h(monkeypatch)
     with pytest.raises(ValueError, match="inter size"):
         banks = _tuples(gu, dn)
         moe_ring_gluon.launch(hidden, *banks, ids, weights, out, config, False)
+
+
+def test_ring_expert_chunks_and_slots_are_offered_to_few_tokens_and_launched_without_partials(monkeypatch):
+    """The bank's rows cut in chunks, what CI can check without a GPU. Up to ``SLOTS_UPTO``
+    tokens: the gate_up per pair with its rows in 1, 2, 4 or 8 chunks of the hidden size
+    (``CHUNKS``: ``16 * WARPS / CHUNKS`` gate rows and as many up rows a program, the chunk's
+    int32 words and scale words handed over), then the down with a token's experts side by side
+    (``DOWN_SLOTS``: ``16 * DOWN_WARPS / SLOTS`` rows a program, ``SLOTS`` the top-k rounded up
+    to a power of 2), one launch each, no partials and no reduce. Where they cannot run the
+    launcher says which setting and what to use instead."""
+    import triton
+
+    calls = []
+    monkeypatch.setattr(moe_ring_gluon, "moe_gate_up_ring_kernel", _Recorder(calls, "gate_up"))
+    monkeypatch.setattr(moe_ring_gluon, "moe_down_slots_ring_kernel", _Recorder(calls, "slots"))
+    monkeypatch.setattr(linear_mma, "splitk_reduce_kernel", _Recorder(calls, "reduce"))
+    monkeypatch.setattr(decode, "interpreted", lambda: False)  # what a compiled GPU is offered
+    e, n, k, top_k, t = 6, 512, 2048, 3, 2
+    for tokens in (1, 4, 5, 16):
+        slotted = [c for c in moe_ring_gluon.configs(tokens, n, k) if "DOWN_SLOTS" in c]
+        assert len(slotted) == (16 if tokens <= moe_ring_gluon.SLOTS_UPTO else 0)
+        assert {c["CHUNKS"] for c in slotted} <= {1, 2, 4, 8} and not any(c["GROUPED"] for c in slotted)
+    assert {c["CHUNKS"] for c in moe_ring_gluon.configs(1, n, 768) if "DOWN_SLOTS" in c} == {1}, "whole steps only"
+    gu, dn, hidden, ids, weights = _cpu_expert_case(monkeypatch, e, n, k, top_k, t)
+    banks = _tuples(gu, dn)
+    for chunks, warps, down_warps in ((1, 1, 2), (2, 2, 1), (8, 1, 1)):
+        calls.clear()
+        out = torch.zeros_like(hidden)
+        config = {"GROUPED": 0, "WARPS": warps, "STAGES": 4, "CHUNKS": chunks, "DOWN_WARPS": down_warps}
+        assert moe_ring_gluon.launch(hidden, *banks, ids, weights, out, config | {"DOWN_SLOTS": 1}, False) is out
+        assert [c[0] for c in calls] == ["gate_up", "slots"], "no partials, no reduce"
+        (_, up_grid, up_args, up_kwargs), (_, grid, args, kwargs) = calls
+        assert up_grid == (triton.cdiv(n, 16 * warps // chunks), t * top_k)
+        chunk_words = k // chunks // 8 if chunks > 1 else 0
+        assert up_args[-2:] == (chunk_words, chunk_words // 8) and up_kwargs["CHUNKS"] == chunks
+        assert up_kwargs["FOLD_DOWN"] is True and up_kwargs["BLOCK_M"] == 1
+        assert grid == (triton.cdiv(k, 16 * down_warps // 4), t) and kwargs["SLOTS"] == 4
+        assert args[0] is up_args[10] and args[4] is out and torch.equal(args[3], ids.reshape(-1))
+        assert torch.equal(args[1].view(torch.uint8), dn.packed) and args[5:9] == (k, n, top_k, out.stride(0))
+        assert args[9:] == (*args[1].stride()[:2], *args[2].stride()[:2])
+        assert (kwargs["WARPS"], kwargs["STAGES"], kwargs["num_warps"]) == (down_warps, 4, down_warps)
+    slots = {"GROUPED": 0, "WARPS": 1, "STAGES": 4, "DOWN_WARPS": 1, "DOWN_SLOTS": 1}
+    with pytest.raises(ValueError, match=r"CHUNKS=4.*GROUPED=0"):
+        moe_ring_gluon.launch(hidden, *banks, ids, weights, out, slots | {"GROUPED": 1, "CHUNKS": 4}, False)
+    with pytest.raises(ValueError, match=r"CHUNKS=8.*multiple of 2048.*1024"):
+        moe_ring_gluon.launch(hidden[:, :1024], *banks, ids, weights, out, slots | {"CHUNKS": 8}, False)
+    many = torch.arange(9).repeat(t, 1)
+    with pytest.raises(ValueError, match=r"DOWN_SLOTS.*top_k <= 8, got 9.*DOWN_SPLIT"):
+        moe_ring_gluon.launch(hidden, *banks, many, weights.repeat(1, 3), out, slots, False)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="Gluon has no interpreter; CI builds these kernels for every target")
+@pytest.mark.parametrize("top_k", [8, 6])
+@pytest.mark.parametrize("t", [1, 3])
+def test_ring_expert_chunks_and_slots_match_reference(t, top_k, device):
+    """Every config with the rows cut in chunks offered at these tokens (a Qwen3-30B-shaped
+    hidden size of 2048, 1-8 chunks; an inter size of 512, two steps an expert): top-8 fills
+    the down's 8 slots, top-6 leaves two that must add nothing. Expert 0's down global scale
+    is 0 (a pruned expert), the output poisoned first."""
+    e, n, k = 16, 512, 2048
+    gu, dn = _bank(e, n, k, device)
+    dn.global_scale[0] = 0.0
+    hidden = torch.randn(t, k, dtype=torch.bfloat16, device=device)
+    ids, weights = _route(t, e, top_k, device)
+    ref = ops.moe_reference(hidden, gu, dn, ids, weights).double()
+    configs = [c for c in moe_ring_gluon.configs(t, n, k) if "DOWN_SLOTS" in c]
+    assert configs
+    for config in configs:
+        out = torch.full_like(hidden, float("nan"))
+        moe_ring_gluon.launch(hidden, *_tuples(gu, dn), ids, weights, out, config, False)
+        assert not out.isnan().any(), config
+        assert (out.double() - ref).norm() / ref.norm() < 1e-2, config
 
 
 @W4A4_HERE
