@@ -22,6 +22,13 @@ pairs of 3.1 M parameters at one token and 64 at eight. So here both GEMMs are o
    for all its pairs, fp32 partials a pair, then the same reduce). Or ``moe_gemv_gluon``'s own
    down (per token, its k experts summed in registers). Every way deterministic, no atomics.
 
+At 1-4 tokens the MMA's 8 columns are mostly empty, and both GEMMs cut their rows in chunks as
+``linear_mma_gluon``'s ``CHUNKS`` do: the gate_up per pair with a pair's rows in 2 or 4 chunks
+of the hidden size (chunk c meets the token's chunk c in column c), and the down with a token's
+experts side by side (``DOWN_SLOTS``: row ``8 n + j`` is row n of slot j's expert and meets pair
+j's h in column j), no partials and no reduce launch. Qwen3-30B's bank on the H200: 15.2 us at
+one token against 17.9 (``SLOTS_UPTO``).
+
 H200, Qwen3-30B-A3B's bank (E=128, top-8, 2048 x 768), 9a6de5f
 (``bench/results/h200-probe-moe-ring-down.json``, every config checked against the reference):
 18.7/67.0/107.3 us at 1/8/16 tokens against the GEMV form's 20.5/100.4/188.1; with the GEMV down,
@@ -44,7 +51,6 @@ from flashrt.kernels.linear_mma import reduce_splits, split_ks, split_target
 from flashrt.kernels.linear_mma_gluon import (
     _EPILOGUE_FACTOR,
     BLOCK_K,
-    CHUNKS,
     V,
     _activation_offsets,
     _copyable,
@@ -598,8 +604,13 @@ def launch_down(
 # (fewer experts: a split past the walk stores zeros, which the reduce adds).
 WALK_EXPERTS = 8
 # Rows cut in chunks (the gate_up's CHUNKS, the down's DOWN_SLOTS) where few tokens leave the
-# MMA's columns empty: up to 4 tokens, as ``linear_mma_gluon`` offers its chunks.
+# MMA's columns empty: up to 4 tokens, as ``linear_mma_gluon`` offers its chunks. H200, Qwen3-30B's
+# bank (``bench/probe_moe_chunks.py``, ``h200-probe-moe-chunks-f714056.json``): 15.2/23.7/37.4 us
+# at 1/2/4 tokens against 17.9/26.0/41.0 without; its down alone at one token 6.5 us against the
+# walk's 7.7 split 8. Every best config had the slot down's 32-row programs (16-row ones 1-6%
+# behind) and 2 or 4 chunks (8: 11-24% behind the best, so not offered).
 SLOTS_UPTO = 4
+GATE_UP_CHUNKS = (1, 2, 4)
 # The grouped down from 8 tokens on: about 54 experts for 64 pairs there, where it tied the walk
 # (68.7 against 68.8 us, ea7c354), and it lost at one token (22.6 against 21.8).
 DOWN_GROUPED_FROM = 8
@@ -645,10 +656,9 @@ def configs(t: int, n: int, k: int) -> list[dict]:
     ]
     if n % BLOCK_K == 0 and t <= SLOTS_UPTO:
         offered += [
-            {"GROUPED": 0, "WARPS": warps, "STAGES": 4, "CHUNKS": chunks, "DOWN_WARPS": down_warps, "DOWN_SLOTS": 1}
-            for chunks in (1, *CHUNKS)
+            {"GROUPED": 0, "WARPS": warps, "STAGES": 4, "CHUNKS": chunks, "DOWN_WARPS": 2, "DOWN_SLOTS": 1}
+            for chunks in GATE_UP_CHUNKS
             if k % (chunks * BLOCK_K) == 0
             for warps in (1, 2)
-            for down_warps in (1, 2)
         ]
     return offered

@@ -604,7 +604,7 @@ DECODE_EXPERT_CASES = [(moe_gemv_gluon, c) for c in moe_gemv_gluon.configs(1, 76
 # with 4 warp and stage settings: each way, each setting), of its GEMV-down ones (an inter size
 # of 48, 2 x 2 ways: each of those), the grouped downs offered from 8 tokens on (all 8), and the
 # grouped down after a per-pair gate_up at 32 rows, which the launcher takes and no config offers.
-_RING_WALK = moe_ring_gluon.configs(1, 768, 2048)
+_RING_WALK = [c for c in moe_ring_gluon.configs(1, 768, 2048) if "DOWN_SLOTS" not in c]  # slots: their own test
 DECODE_EXPERT_CASES += [(moe_ring_gluon, c) for c in _RING_WALK[::3] + moe_ring_gluon.configs(1, 48, 768)[::3]]
 _RING_GROUPED_DOWN = [c for c in moe_ring_gluon.configs(16, 768, 2048) if "DOWN_GROUPED" in c]
 _RING_GROUPED_DOWN.append({"GROUPED": 0, "WARPS": 2, "STAGES": 3, "DOWN_WARPS": 2, "DOWN_GROUPED": 1})
@@ -777,8 +777,8 @@ def test_ring_expert_chunks_and_slots_are_offered_to_few_tokens_and_launched_wit
     e, n, k, top_k, t = 6, 512, 2048, 3, 2
     for tokens in (1, 4, 5, 16):
         slotted = [c for c in moe_ring_gluon.configs(tokens, n, k) if "DOWN_SLOTS" in c]
-        assert len(slotted) == (16 if tokens <= moe_ring_gluon.SLOTS_UPTO else 0)
-        assert {c["CHUNKS"] for c in slotted} <= {1, 2, 4, 8} and not any(c["GROUPED"] for c in slotted)
+        assert len(slotted) == (6 if tokens <= moe_ring_gluon.SLOTS_UPTO else 0)
+        assert all(c["CHUNKS"] in moe_ring_gluon.GATE_UP_CHUNKS and not c["GROUPED"] for c in slotted)
     assert {c["CHUNKS"] for c in moe_ring_gluon.configs(1, n, 768) if "DOWN_SLOTS" in c} == {1}, "whole steps only"
     gu, dn, hidden, ids, weights = _cpu_expert_case(monkeypatch, e, n, k, top_k, t)
     banks = _tuples(gu, dn)
@@ -809,13 +809,14 @@ def test_ring_expert_chunks_and_slots_are_offered_to_few_tokens_and_launched_wit
 
 
 @pytest.mark.skipif(not ON_GPU, reason="Gluon has no interpreter; CI builds these kernels for every target")
-@pytest.mark.parametrize("top_k", [8, 6])
+@pytest.mark.parametrize("top_k", [8, 6, 3])
 @pytest.mark.parametrize("t", [1, 3])
 def test_ring_expert_chunks_and_slots_match_reference(t, top_k, device):
-    """Every config with the rows cut in chunks offered at these tokens (a Qwen3-30B-shaped
-    hidden size of 2048, 1-8 chunks; an inter size of 512, two steps an expert): top-8 fills
-    the down's 8 slots, top-6 leaves two that must add nothing. Expert 0's down global scale
-    is 0 (a pruned expert), the output poisoned first."""
+    """Every config with the rows cut in chunks offered at these tokens, and 8 chunks and 16-row
+    slot programs, not offered (a Qwen3-30B-shaped hidden size of 2048; an inter size of 512,
+    two steps an expert): top-8 fills the down's 8 slots, top-6 leaves two that must add
+    nothing, top-3 one of 4. Expert 0's down global scale is 0 (a pruned expert), the output
+    poisoned first."""
     e, n, k = 16, 512, 2048
     gu, dn = _bank(e, n, k, device)
     dn.global_scale[0] = 0.0
@@ -823,7 +824,8 @@ def test_ring_expert_chunks_and_slots_match_reference(t, top_k, device):
     ids, weights = _route(t, e, top_k, device)
     ref = ops.moe_reference(hidden, gu, dn, ids, weights).double()
     configs = [c for c in moe_ring_gluon.configs(t, n, k) if "DOWN_SLOTS" in c]
-    assert configs
+    configs += [{"GROUPED": 0, "WARPS": w, "STAGES": 4, "CHUNKS": 8, "DOWN_WARPS": 1, "DOWN_SLOTS": 1} for w in (1, 2)]
+    assert len(configs) == 8
     for config in configs:
         out = torch.full_like(hidden, float("nan"))
         moe_ring_gluon.launch(hidden, *_tuples(gu, dn), ids, weights, out, config, False)
