@@ -12,8 +12,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 DEFAULT_RESULTS = [  # every arm with vLLM's merged projections
     ROOT / "results" / "h200-e2e-llama-8adad4e.json",  # 8adad4e: Llama-3-8B shape, batch 1 and 8
-    ROOT / "results" / "h200-e2e-qwen3-8adad4e-b1b4.json",  # 8adad4e: Qwen3-30B-A3B shape, 1 and 4
-    ROOT / "results" / "h200-e2e-qwen3-34a9485-b8b16.json",  # 34a9485: 8 and 16
+    ROOT / "results" / "h200-e2e-qwen3-bcb02a5-b1.json",  # bcb02a5: Qwen3-30B-A3B shape, batch 1
+    ROOT / "results" / "h200-e2e-qwen3-ce9be33-b1b4.json",  # ce9be33: 4
+    ROOT / "results" / "h200-e2e-qwen3-bcb02a5-b8b16.json",  # bcb02a5: 8 and 16
     ROOT / "results" / "h200-e2e-qwen3-c58d18d-b32.json",  # 32 (the experts past the band)
     ROOT / "results" / "h200-e2e-llama-merged-b4.json",  # and 4, 16, 32 (d63d0e4 from here, sdpa's attention)
     ROOT / "results" / "h200-e2e-qwen35-merged.json",  # Qwen3.5-35B-A3B shape, batch 1 (cut at the limit)
