@@ -631,8 +631,11 @@ def configs(t: int, n: int, k: int) -> list[dict]:
     programs too, which halve its 18k programs at 16 tokens, not yet timed); elsewhere the two
     ``moe_gemv_gluon`` layouts that won its own (two rows a thread and K split in two at one
     token, four rows otherwise: ``h200-kernels-moe-prefetch2.json``), which lost to the walk
-    by 4/27/32% at 1/8/16 tokens. Fewer configs, a shorter attach: each is compiled and timed
-    at first use."""
+    by 4/27/32% at 1/8/16 tokens. Up to ``SLOTS_UPTO`` tokens, where the inter size is whole
+    ring steps, also the gate_up per pair with its rows in ``GATE_UP_CHUNKS`` chunks and the
+    slot down (``DOWN_SLOTS``, 32 rows of 8 experts a program); they won every one of those
+    token counts on the H200. Fewer configs, a shorter attach: each is compiled and timed at
+    first use."""
     from flashrt.kernels.decode import interpreted
 
     if t > 16 or interpreted() or k % BLOCK_K or n % 16:
