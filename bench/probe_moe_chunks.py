@@ -13,9 +13,12 @@ ring form gained 10-20% at one token by cutting rows in chunks of K, one chunk a
 
 Same run, each from HBM (``ops._time_us``), every config checked against the reference first:
 the Qwen3-30B bank (E=128, top-8, 2048 x 768) at 1, 2, 4 and 8 tokens, the best config of the
-earlier offer (no chunks, no slots) against the best by chunk count with the slot down; and at
-one token each half alone where it can be (the down on a fixed h).
-``python3 bench/probe_moe_chunks.py OUT.json`` with flashrt importable (``bench/gpu_run.sh``).
+earlier offer (no chunks, no slots) against the best by chunk count with the slot down (past
+``SLOTS_UPTO`` tokens, where they are not offered, the configs they would be); and at one token
+each half alone where it can be (the down on a fixed h).
+``python3 bench/probe_moe_chunks.py OUT.json [TOKENS ...]`` with flashrt importable
+(``bench/gpu_run.sh``). The first run (f714056, ``h200-probe-moe-chunks-f714056.json``) timed no
+slots at 8 tokens.
 """
 
 import functools
@@ -29,7 +32,7 @@ from flashrt.bench.timing import copy_bandwidth_tbps
 from flashrt.kernels import moe_ring_gluon, nvfp4, ops
 
 
-def main(path: str) -> None:
+def main(path: str, tokens: tuple[int, ...] = (1, 2, 4, 8)) -> None:
     copy_tbps = copy_bandwidth_tbps()
     shape = {"E": E, "top_k": TOP_K, "hidden": HIDDEN, "inter": INTER}
     result = {**provenance(), "copy_TBps": copy_tbps, "bank": shape}
@@ -39,14 +42,16 @@ def main(path: str) -> None:
     dn = nvfp4.quantize(torch.randn(E, HIDDEN, INTER, device="cuda", dtype=torch.bfloat16) * 0.02)
     per_expert = (gu.nbytes + dn.nbytes) / E
     banks = (gu.packed, gu.scales, gu.global_scale), (dn.packed, dn.scales, dn.global_scale)
-    for t in (1, 2, 4, 8):
+    for t in tokens:
         x = torch.randn(t, HIDDEN, device="cuda", dtype=torch.bfloat16)
         ids, weights = _routing(t, E, TOP_K, 0)
         out = torch.empty_like(x)
         ref = ops.moe_reference(x, gu, dn, ids, weights)
         launch = functools.partial(moe_ring_gluon.launch, x, *banks, ids, weights, out)
-        results = {name(c): timed(functools.partial(launch, c, False), out, ref) | {"config": c}
-                   for c in moe_ring_gluon.configs(t, INTER, HIDDEN)}  # fmt: skip
+        configs = moe_ring_gluon.configs(t, INTER, HIDDEN)
+        if t > moe_ring_gluon.SLOTS_UPTO:  # not offered there: what the offered ones would be
+            configs += [c for c in moe_ring_gluon.configs(1, INTER, HIDDEN) if "DOWN_SLOTS" in c]
+        results = {name(c): timed(functools.partial(launch, c, False), out, ref) | {"config": c} for c in configs}
         ok = [r for r in results.values() if r["us"] is not None]
         earlier = min((r for r in ok if "DOWN_SLOTS" not in r["config"]), key=lambda r: r["us"])
         routed = len(ids.reshape(-1).unique()) * per_expert
@@ -86,4 +91,4 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], tuple(int(t) for t in sys.argv[2:]) or (1, 2, 4, 8))
