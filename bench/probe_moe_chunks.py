@@ -60,7 +60,7 @@ def main(path: str, tokens: tuple[int, ...] = (1, 2, 4, 8)) -> None:
             "earlier_bandwidth_frac": routed / (earlier["us"] * 1e-6) / (copy_tbps * 1e12),
         }  # fmt: skip
         line = f"T={t:2d}: earlier offer {earlier['us']:6.2f} us ({row['earlier_bandwidth_frac']:.2f} of copy)"
-        for chunks in (1, *moe_ring_gluon.CHUNKS):
+        for chunks in (1, 2, 4, 8):
             these = [r for r in ok if "DOWN_SLOTS" in r["config"] and r["config"]["CHUNKS"] == chunks]
             if these:
                 best = min(these, key=lambda r: r["us"])
