@@ -22,7 +22,7 @@ pairs of 3.1 M parameters at one token and 64 at eight. So here both GEMMs are o
    for all its pairs, fp32 partials a pair, then the same reduce). Or ``moe_gemv_gluon``'s own
    down (per token, its k experts summed in registers). Every way deterministic, no atomics.
 
-At 1-4 tokens the MMA's 8 columns are mostly empty, and both GEMMs cut their rows in chunks as
+At 1-8 tokens the MMA's 8 columns are mostly empty, and both GEMMs cut their rows in chunks as
 ``linear_mma_gluon``'s ``CHUNKS`` do: the gate_up per pair with a pair's rows in 2 or 4 chunks
 of the hidden size (chunk c meets the token's chunk c in column c), and the down with a token's
 experts side by side (``DOWN_SLOTS``: row ``8 n + j`` is row n of slot j's expert and meets pair
@@ -604,12 +604,13 @@ def launch_down(
 # (fewer experts: a split past the walk stores zeros, which the reduce adds).
 WALK_EXPERTS = 8
 # Rows cut in chunks (the gate_up's CHUNKS, the down's DOWN_SLOTS) where few tokens leave the
-# MMA's columns empty: up to 4 tokens, as ``linear_mma_gluon`` offers its chunks. H200, Qwen3-30B's
-# bank (``bench/probe_moe_chunks.py``, ``h200-probe-moe-chunks-f714056.json``): 15.2/23.7/37.4 us
-# at 1/2/4 tokens against 17.9/26.0/41.0 without; its down alone at one token 6.5 us against the
-# walk's 7.7 split 8. Every best config had the slot down's 32-row programs (16-row ones 1-6%
-# behind) and 2 or 4 chunks (8: 11-24% behind the best, so not offered).
-SLOTS_UPTO = 4
+# MMA's columns empty. H200, Qwen3-30B's bank (``bench/probe_moe_chunks.py``,
+# ``h200-probe-moe-chunks-f714056.json``): 15.2/23.7/37.4 us at 1/2/4 tokens against 17.9/26.0/41.0
+# without; its down alone at one token 6.5 us against the walk's 7.7 split 8. Every best config
+# had the slot down's 32-row programs (16-row ones 1-6% behind) and 2 or 4 chunks (8: 11-24%
+# behind the best, so not offered). At 8 tokens 63.4 us against 65.8, at 16 113.2 against 93.2
+# (``h200-probe-moe-chunks-574c692.json``): up to 8.
+SLOTS_UPTO = 8
 GATE_UP_CHUNKS = (1, 2, 4)
 # The grouped down from 8 tokens on: about 54 experts for 64 pairs there, where it tied the walk
 # (68.7 against 68.8 us, ea7c354), and it lost at one token (22.6 against 21.8).

@@ -775,7 +775,7 @@ def test_ring_expert_chunks_and_slots_are_offered_to_few_tokens_and_launched_wit
     monkeypatch.setattr(linear_mma, "splitk_reduce_kernel", _Recorder(calls, "reduce"))
     monkeypatch.setattr(decode, "interpreted", lambda: False)  # what a compiled GPU is offered
     e, n, k, top_k, t = 6, 512, 2048, 3, 2
-    for tokens in (1, 4, 5, 16):
+    for tokens in (1, 4, 8, 9, 16):
         slotted = [c for c in moe_ring_gluon.configs(tokens, n, k) if "DOWN_SLOTS" in c]
         assert len(slotted) == (6 if tokens <= moe_ring_gluon.SLOTS_UPTO else 0)
         assert all(c["CHUNKS"] in moe_ring_gluon.GATE_UP_CHUNKS and not c["GROUPED"] for c in slotted)
@@ -810,7 +810,7 @@ def test_ring_expert_chunks_and_slots_are_offered_to_few_tokens_and_launched_wit
 
 @pytest.mark.skipif(not ON_GPU, reason="Gluon has no interpreter; CI builds these kernels for every target")
 @pytest.mark.parametrize("top_k", [8, 6, 3])
-@pytest.mark.parametrize("t", [1, 3])
+@pytest.mark.parametrize("t", [1, 3, 8])
 def test_ring_expert_chunks_and_slots_match_reference(t, top_k, device):
     """Every config with the rows cut in chunks offered at these tokens, and 8 chunks and 16-row
     slot programs, not offered (a Qwen3-30B-shaped hidden size of 2048; an inter size of 512,
