@@ -513,12 +513,17 @@ def launch(
     """Run the kernel; ``use_prmt`` is unused. K a multiple of ``BLOCK_K`` (``configs`` offers
     nothing else), and of ``CHUNKS x BLOCK_K`` where the rows are cut in chunks."""
     chunks = config.get("CHUNKS", 1)
-    # int32 words of a chunk; 0 for whole rows, so they compile once for every K
-    chunk_words = packed.shape[1] // 4 // chunks if chunks > 1 else 0
+    chunk_words = words_per_chunk(2 * packed.shape[1], chunks)  # two elements a packed byte
     return launch_ring(
         nvfp4_linear_mma_gluon_kernel, aligned_activations, x, packed, scales, global_scale, bias, out, config,
         chunk_words=chunk_words, chunk_scales=chunk_words // 8, CHUNKS=chunks,
     )  # fmt: skip
+
+
+def words_per_chunk(k: int, chunks: int) -> int:
+    """int32 words of a chunk of a K-element row cut in ``chunks`` (8 elements a word); 0 for
+    whole rows, so they compile once for every K."""
+    return k // 8 // chunks if chunks > 1 else 0
 
 
 def launch_ring(kernel, activations, x, packed, scales, global_scale, bias, out, config: dict, **extra) -> torch.Tensor:

@@ -63,6 +63,7 @@ from flashrt.kernels.linear_mma_gluon import (
     mma_tokens,
     words_copy_layout,
     words_layout,
+    words_per_chunk,
 )
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -466,7 +467,7 @@ def launch(
             f"one program a pair: needs GROUPED=0 and hidden a multiple of {chunks * BLOCK_K}, got "
             f"GROUPED={config['GROUPED']} and {k}; use CHUNKS=1"
         )
-    chunk_words = k // chunks // 8 if chunks > 1 else 0
+    chunk_words = words_per_chunk(k, chunks)
     moe_gate_up_ring_kernel[(triton.cdiv(n, 16 * config["WARPS"] // chunks), tiles)](
         hidden,
         words,
