@@ -383,7 +383,9 @@ def builds() -> Iterator[Build]:
             warps = cfg["WARPS_N"] * cfg["WARPS_K"]
             yield from unique(Build("linear_gemv_gluon", fn, sig, consts, warps, 1))
         for cfg in linear_mma_gluon.configs(m, 4096, 4096):
-            sig, consts = _split_build(_MMA_GLUON_SIG, {"HAS_BIAS": False, "CHUNKS": 1} | cfg, cfg.get("SPLIT_K", 1))
+            sig, consts = _split_build(
+                _MMA_GLUON_SIG, {"HAS_BIAS": False, "CHUNKS": 1, "LAYOUT": 0} | cfg, cfg.get("SPLIT_K", 1)
+            )
             fn = linear_mma_gluon.nvfp4_linear_mma_gluon_kernel
             yield from unique(Build("linear_mma_gluon", fn, sig, consts, cfg["WARPS"], 1))
         for cfg in linear_wgmma_gluon.configs(m, 4096, 4096):

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import torch
 import triton
+from flashrt.kernels import ring_layout
 from flashrt.kernels.decode import placed_pairs, shift_ptx
 from flashrt.kernels.linear_mma import reduce_splits, split_ks, split_target
 from triton.experimental import gluon
@@ -86,6 +87,38 @@ def _decode_ptx() -> str:
 
 
 _DECODE = gl.constexpr(_decode_ptx())
+_DECODE_RING = gl.constexpr(ring_layout.decode_ptx())
+
+
+def _scales_ptx() -> str:
+    """PTX: a thread's scale word ``$4`` (four E4M3 bytes, group g in byte g) as the bf16
+    ``scale * 2**119`` of each group, ``$0..$3``. Byte ``b`` moved to bf16 bits 4-11 is the bf16
+    ``e4m3(b) * 2**-120`` exactly, subnormals too (both formats' subnormals are the exponent
+    field 0); two ``mul.bf16x2`` by ``2**120`` and ``2**119`` make it ``scale * 2**119``, exact.
+    Two groups a ``mul``: 8 instructions for 4 scales, where converting through fp32 took 18.
+    The sign bit is dropped: block scales are magnitudes."""
+    return "\n".join(
+        [
+            "{",
+            ".reg .b32 lo, hi, c;",
+            "shl.b32 lo, $4, 4;",
+            "and.b32 lo, lo, 0x07F007F0;",
+            "shr.b32 hi, $4, 4;",
+            "and.b32 hi, hi, 0x07F007F0;",
+            "mov.b32 c, 0x7B807B80;",
+            "mul.rn.bf16x2 lo, lo, c;",
+            "mul.rn.bf16x2 hi, hi, c;",
+            "mov.b32 c, 0x7B007B00;",
+            "mul.rn.bf16x2 lo, lo, c;",
+            "mul.rn.bf16x2 hi, hi, c;",
+            "mov.b32 {$0, $2}, lo;",
+            "mov.b32 {$1, $3}, hi;",
+            "}",
+        ]
+    )
+
+
+_SCALES = gl.constexpr(_scales_ptx())
 
 
 def bf16_bits(words: torch.Tensor) -> torch.Tensor:
@@ -94,15 +127,37 @@ def bf16_bits(words: torch.Tensor) -> torch.Tensor:
 
 
 @gluon.jit
-def _decode(words, scale):
+def _decode(words, scale, LAYOUT: gl.constexpr = 0):
     return gl.inline_asm_elementwise(
-        asm=_DECODE,
+        asm=_DECODE_RING if LAYOUT else _DECODE,
         constraints="=r,=r,=r,=r,r,h",
         args=[words, scale],
         dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
         is_pure=True,
         pack=1,
     )
+
+
+@gluon.jit
+def _scale_words(scale_words, LAYOUT_G):
+    """A thread's scale words ``[rows, 4]`` as bf16 ``scale * 2**119`` ``[rows, 4, G]`` in
+    ``LAYOUT_G`` (group g from byte g)."""
+    s0, s1, s2, s3 = gl.inline_asm_elementwise(
+        asm=_SCALES,
+        constraints="=h,=h,=h,=h,r",
+        args=[scale_words],
+        dtype=(gl.bfloat16, gl.bfloat16, gl.bfloat16, gl.bfloat16),
+        is_pure=True,
+        pack=1,
+    )
+    both = gl.join(gl.join(s0, s2), gl.join(s1, s3))  # [rows, 4, 2, 2]: group 2a + b at [a, b]
+    return gl.convert_layout(gl.reshape(both, (scale_words.shape[0], 4, 4)), LAYOUT_G)
+
+
+@gluon.jit
+def _scale_byte(raw):
+    """Scale bytes (int32, one a group) as bf16 ``scale * 2**119``, through fp32."""
+    return (raw.to(gl.uint8).to(gl.float8e4nv, bitcast=True).to(gl.float32) * _SCALE_FACTOR).to(gl.bfloat16)
 
 
 @gluon.jit
@@ -249,15 +304,14 @@ def _refill(
 
 
 @gluon.jit
-def _fragment(words, raw_scales, A_OP: gl.constexpr):
+def _fragment(words, scale, A_OP: gl.constexpr, LAYOUT: gl.constexpr = 0):
     """The A fragment ``[rows, 64 G]`` of weight words ``[rows, 4, G, 2]`` (row, lane-in-quad,
     group, word) and their scale bytes ``[rows, 4, G]``: decoded, scaled, and its pairs in the
     order the activations are gathered, ``[rows, t, g, h, q0, q1] -> [rows, g, h, q1, q0, t]``
     (pair = t + 4 q0 + 8 q1 + 16 (2g + h)); the layout change moves no data."""
     ROWS: gl.constexpr = words.shape[0]
     K: gl.constexpr = words.shape[2] * 64
-    scale = (raw_scales.to(gl.uint8).to(gl.float8e4nv, bitcast=True).to(gl.float32) * _SCALE_FACTOR).to(gl.bfloat16)
-    p0, p1, p2, p3 = _decode(words, gl.broadcast(gl.expand_dims(scale, 3), words)[0])
+    p0, p1, p2, p3 = _decode(words, gl.broadcast(gl.expand_dims(scale, 3), words)[0], LAYOUT)
     pairs = gl.join(gl.join(p0, p1), gl.join(p2, p3))
     pairs = gl.reshape(gl.permute(pairs, (0, 2, 3, 5, 4, 1)), (ROWS, K // 2))
     a = gl.reshape(_pairs_to_bf16(pairs), (ROWS, K))
@@ -290,7 +344,7 @@ def _store_tile(
 def _ring_product(
     x_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, first, steps,
     BLOCK_M: gl.constexpr, ROW_TILES: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr,
-    walk_words=0, walk_scales=0, EXPERT_STEPS: gl.constexpr = 0,
+    walk_words=0, walk_scales=0, EXPERT_STEPS: gl.constexpr = 0, LAYOUT: gl.constexpr = 0,
 ):  # fmt: skip
     """``acc [BLOCK_N, max(BLOCK_M, 8)]``: the program's weight rows (``word_off``/``scale_off``
     at step 0) times its tokens (``x_off``, ``x_mask``) over ``steps`` steps from ``first``,
@@ -310,9 +364,6 @@ def _ring_product(
     # memory phase (4 quarters x 2 tokens) read 8 different banks.
     SWIZZLED: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, order=[1, 0])
 
-    g4 = gl.arange(0, V // 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, WORDS))))
-    byte_shift = gl.expand_dims(gl.expand_dims(g4 * 8, 0), 1)  # group g's byte of a thread's scale word
-
     words_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 4 * V], PLAIN)
     scales_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 4], PLAIN)
     x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, 4 * BLOCK_M, 8 * V], SWIZZLED)
@@ -331,8 +382,13 @@ def _ring_product(
         )  # fmt: skip
         slot = i % STAGES
         words = words_ring.index(slot).reshape([BLOCK_N, 4, V // 2, 2]).load(WORDS)
-        raw = (gl.expand_dims(scales_ring.index(slot).load(SCALES), 2) >> byte_shift) & 0xFF
-        a = _fragment(words, raw, A_OP)
+        if LAYOUT < 0:  # PROBE ONLY: HEAD's scale path
+            g4 = gl.arange(0, V // 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, WORDS))))
+            byte_shift = gl.expand_dims(gl.expand_dims(g4 * 8, 0), 1)
+            scale = _scale_byte((gl.expand_dims(scales_ring.index(slot).load(SCALES), 2) >> byte_shift) & 0xFF)
+        else:
+            scale = _scale_words(scales_ring.index(slot).load(SCALES), gl.SliceLayout(3, WORDS))
+        a = _fragment(words, scale, A_OP, LAYOUT > 0)
         if BLOCK_M < 8:
             FEW: gl.constexpr = few_tokens_layout(BLOCK_M, WARPS)
             x = gl.expand_dims(x_ring.index(slot).load(gl.SliceLayout(0, FEW)), 0)
@@ -340,8 +396,10 @@ def _ring_product(
             x = gl.convert_layout(gl.reshape(x, (32, 8 * V)), ACTS, assert_trivial=True)
         else:
             x = x_ring.index(slot).load(ACTS)
-        # [token, t, v, e, q1, q0] -> [v, q1, q0, t, e, token]: the order the pairs above took
-        x = gl.permute(gl.reshape(x, (MMA_M, 4, V, 2, 2, 2)), (2, 4, 5, 1, 3, 0))
+        if LAYOUT > 0:  # [token, t, v, q1, q0, e] -> [v, q1, q0, t, e, token]: pairs as they lie
+            x = gl.permute(gl.reshape(x, (MMA_M, 4, V, 2, 2, 2)), (2, 3, 4, 1, 5, 0))
+        else:  # [token, t, v, e, q1, q0] -> [v, q1, q0, t, e, token]: the order the pairs above took
+            x = gl.permute(gl.reshape(x, (MMA_M, 4, V, 2, 2, 2)), (2, 4, 5, 1, 3, 0))
         b = gl.convert_layout(gl.reshape(x, (BLOCK_K, MMA_M)), B_OP, assert_trivial=True)
         acc = mma_v2(a, b, acc)
     async_copy.wait_group(0)
@@ -436,6 +494,7 @@ def nvfp4_linear_mma_gluon_kernel(
     STAGES: gl.constexpr,
     SPLIT_K: gl.constexpr,
     CHUNKS: gl.constexpr,
+    LAYOUT: gl.constexpr,
 ):
     BLOCK_N: gl.constexpr = 16 * ROW_TILES * WARPS
     BLOCK_K: gl.constexpr = 32 * V
@@ -470,7 +529,7 @@ def nvfp4_linear_mma_gluon_kernel(
     x_mask = gl.expand_dims(tokens < M, 1)
     acc = _ring_product(
         x_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, first, steps, BLOCK_M, ROW_TILES, WARPS,
-        STAGES,
+        STAGES, LAYOUT=LAYOUT,
     )  # fmt: skip
 
     if CHUNKS == 1:
@@ -516,7 +575,7 @@ def launch(
     chunk_words = words_per_chunk(2 * packed.shape[1], chunks)  # two elements a packed byte
     return launch_ring(
         nvfp4_linear_mma_gluon_kernel, aligned_activations, x, packed, scales, global_scale, bias, out, config,
-        chunk_words=chunk_words, chunk_scales=chunk_words // 8, CHUNKS=chunks,
+        chunk_words=chunk_words, chunk_scales=chunk_words // 8, CHUNKS=chunks, LAYOUT=config.get("LAYOUT", 0),
     )  # fmt: skip
 
 

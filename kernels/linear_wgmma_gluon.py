@@ -34,6 +34,7 @@ from flashrt.kernels.linear_mma_gluon import (
     _fragment,
     _prime,
     _refill,
+    _scale_byte,
     _store_tile,
     _weight_offsets,
     launch_ring,
@@ -51,7 +52,7 @@ def _decoded_chunk(words_step, scale_word, c: gl.constexpr, CHUNK_WORDS: gl.cons
     """The A fragment ``[rows, 64]`` of group ``c`` of a step (each thread's words 2c and 2c + 1
     and scale byte c): K positions ``64 c .. 64 c + 63`` of the permuted order."""
     words = words_step.slice(c, 1, dim=2).load(CHUNK_WORDS)
-    return _fragment(words, gl.expand_dims((scale_word >> (8 * c)) & 0xFF, 2), A_OP)
+    return _fragment(words, _scale_byte(gl.expand_dims((scale_word >> (8 * c)) & 0xFF, 2)), A_OP)
 
 
 @gluon.jit

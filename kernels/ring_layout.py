@@ -1,0 +1,106 @@
+"""A bit layout of the packed weight chosen for the ring forms' decode, and its inverse.
+
+The ring forms (``linear_mma_gluon``) turn each 32-bit word of eight E2M1 codes into four
+bf16 pairs by moving bits: code bits ``m e0 e1`` to bf16 bits 6-8 (22-24 in the high half) and
+the sign to bit 15 (31). In the checkpoint's layout (element ``i`` in nibble ``i``) a pair takes
+two shifts and two ``LOP3``s before its ``HMUL2`` by the block scale, and the activations are
+gathered with ``PRMT``s into the order those pairs give (elements ``q`` and ``q + 4``). A word
+is 32 bits and the decode does not care where they sit, so a layout can be chosen at bind:
+
+* pair ``q`` holds elements ``2q`` and ``2q + 1``, K-neighbours, so the activations are read as
+  they lie;
+* each pair's bits sit where rotating the word right by ``MAGNITUDE_ROTATION[q]`` puts its
+  magnitudes and by ``SIGN_ROTATION[q]`` its signs. An exhaustive search over the rotations
+  (every pair's bits are then a rotation of bits 6-8 and 15 of both halves) finds no layout
+  where each pair needs one rotation; the fewest instructions are 15 a word (against 19): one
+  pair with its magnitudes in place, two with one rotation for both, one with two.
+
+``pack`` is a permutation of each word's 32 bits and ``unpack`` its inverse: bit-exact both
+ways, so a seat can give back the checkpoint's bytes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+MAGNITUDE_ROTATION = (0, 3, 6, 9)
+SIGN_ROTATION = (4, 3, 6, 5)
+MAGNITUDE_MASK = 0x01C001C0
+SIGN_MASK = 0x80008000
+
+
+def _source_bits() -> list[list[int]]:
+    """``[element][code bit]`` -> the bit of the word that holds it (code bits m, e0, e1, sign)."""
+    out = []
+    for element in range(8):
+        q, high = divmod(element, 2)
+        base = 16 * high
+        bits = [(base + 6 + j + MAGNITUDE_ROTATION[q]) % 32 for j in range(3)]
+        out.append([*bits, (base + 15 + SIGN_ROTATION[q]) % 32])
+    return out
+
+
+SOURCE_BITS = _source_bits()
+assert sorted(b for bits in SOURCE_BITS for b in bits) == list(range(32)), "the rotations must tile the word"
+
+
+def _words(packed: torch.Tensor) -> torch.Tensor:
+    if packed.dtype != torch.uint8 or packed.shape[-1] % 4:
+        raise ValueError(f"packed: got {packed.dtype} {tuple(packed.shape)}, need uint8 rows of whole 4-byte words")
+    return packed.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+
+
+def pack(packed: torch.Tensor) -> torch.Tensor:
+    """The checkpoint's packed bytes (element ``i`` of a word in nibble ``i``) in this layout."""
+    w = _words(packed)
+    out = torch.zeros_like(w)
+    for element, bits in enumerate(SOURCE_BITS):
+        for j, bit in enumerate(bits):
+            out |= ((w >> (4 * element + j)) & 1) << bit
+    return out.to(torch.int32).view(torch.uint8).view(packed.shape)
+
+
+def unpack(packed: torch.Tensor) -> torch.Tensor:
+    """``pack``'s inverse: this layout's bytes back to the checkpoint's."""
+    w = _words(packed)
+    out = torch.zeros_like(w)
+    for element, bits in enumerate(SOURCE_BITS):
+        for j, bit in enumerate(bits):
+            out |= ((w >> bit) & 1) << (4 * element + j)
+    return out.to(torch.int32).view(torch.uint8).view(packed.shape)
+
+
+def decode_ptx() -> str:
+    """PTX: the four bf16 pairs ``$0..$3`` of word ``$4`` (pair q: elements 2q, 2q + 1), each
+    times the bf16 scale ``$5`` in both halves."""
+    lines = ["{", ".reg .b32 m, s, scale2;", "mov.b32 scale2, {$5, $5};"]
+    for q in range(4):
+        a, b = MAGNITUDE_ROTATION[q], SIGN_ROTATION[q]
+        src = "$4"
+        if a:
+            lines.append(f"shf.r.wrap.b32 m, $4, $4, {a};")
+            src = "m"
+        if a == b:
+            lines.append(f"and.b32 m, {src}, {MAGNITUDE_MASK | SIGN_MASK:#010x};")
+        else:
+            lines.append(f"and.b32 m, {src}, {MAGNITUDE_MASK:#010x};")
+            lines.append(f"shf.r.wrap.b32 s, $4, $4, {b};" if b else "mov.b32 s, $4;")
+            lines += [f"and.b32 s, s, {SIGN_MASK:#010x};", "or.b32 m, m, s;"]
+        lines.append(f"mul.rn.bf16x2 ${q}, m, scale2;")
+    return "\n".join([*lines, "}"])
+
+
+def bf16_bits(words: torch.Tensor) -> torch.Tensor:
+    """``decode_ptx``'s bit placement in plain torch: int32 words -> bfloat16 ``[..., 8]`` in
+    element order, each ``e2m1 * 2**-126``; what CI checks the PTX's constants with."""
+    w = words.to(torch.int64) & 0xFFFFFFFF
+
+    def rotr(n: int) -> torch.Tensor:
+        return ((w >> n) | (w << (32 - n))) & 0xFFFFFFFF if n else w
+
+    out = torch.empty(*words.shape, 8, dtype=torch.bfloat16)
+    for q in range(4):
+        pair = ((rotr(MAGNITUDE_ROTATION[q]) & MAGNITUDE_MASK) | (rotr(SIGN_ROTATION[q]) & SIGN_MASK)).to(torch.int32)
+        out[..., 2 * q] = (pair & 0xFFFF).to(torch.int16).view(torch.bfloat16)
+        out[..., 2 * q + 1] = ((pair >> 16) & 0xFFFF).to(torch.int16).view(torch.bfloat16)
+    return out
