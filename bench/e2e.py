@@ -506,7 +506,13 @@ def run_model(name: str, layers: int, batches: list[int], compile_model: bool, b
     result["retain_host_experts"], result["moe_band_t"] = profile.retain_host_experts, profile.moe_band_t
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    handle = attach(model, profile)
+    # A band sweep sends the packed banks up to its largest batch: they are bound for that band
+    # (``ops.bank_for_serving``: the checkpoint's layout past the ring form's rows) and serve the
+    # profile's band outside the sweep.
+    bind_band = max([profile.moe_band_t, *band_batches]) if moe else profile.moe_band_t
+    handle = attach(model, dataclasses.replace(profile, moe_band_t=bind_band))
+    _set_band(handle, profile.moe_band_t)
+    result["bind_moe_band_t"] = bind_band
     result["attach_seconds"] = handle.attach_seconds
     result["attach_peak_bytes"] = torch.cuda.max_memory_allocated()
     print(handle.table(), flush=True)

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from flashrt.bench.timing import copies_for, copy_bandwidth_tbps, eager_us, graph_us
-from flashrt.kernels import moe_fused, nvfp4, ops
+from flashrt.kernels import moe_fused, moe_ring_gluon, nvfp4, ops
 from flashrt.kernels.nvfp4 import NVFP4Weight
 from flashrt.kernels.tuning import TUNER
 
@@ -136,10 +136,11 @@ def bench_linear(name: str, n: int, k: int, tokens: list[int], bw: float, record
     """Each M's row handed to ``record`` as soon as it is measured (which saves it: a run cut short
     by a time limit keeps every row it finished)."""
     w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
-    q = nvfp4.quantize(w)
+    q = ops.for_serving(nvfp4.quantize(w))  # the layout a seat serves it in
     qbytes = q.nbytes
     q_copies = [q] + [
-        NVFP4Weight(q.packed.clone(), q.scales.clone(), q.global_scale.clone()) for _ in range(copies_for(qbytes) - 1)
+        NVFP4Weight(q.packed.clone(), q.scales.clone(), q.global_scale.clone(), q.layout)
+        for _ in range(copies_for(qbytes) - 1)
     ]
     w_copies = [w] + [w.clone() for _ in range(copies_for(w.numel() * 2) - 1)]
     arms_other = {}
@@ -159,7 +160,8 @@ def bench_linear(name: str, n: int, k: int, tokens: list[int], bw: float, record
             "K": k,
             "M": m,
             "rel_err": err,
-            "form": ops.choose_linear(x, q.packed, q.scales, q.global_scale, None).name,
+            "form": ops.choose_linear(x, q.packed, q.scales, q.global_scale, None, q.layout).name,
+            "layout": q.layout,
         }
         row["ours_us"] = graph_us([lambda qc=qc: ops.linear(x, qc) for qc in q_copies])
         row["bf16_us"] = graph_us([lambda wc=wc: F.linear(x, wc) for wc in w_copies])
@@ -241,19 +243,23 @@ def bench_moe(
     """As ``bench_linear``: each T's row handed to ``record`` as soon as it is measured."""
     w13 = torch.randn(e, 2 * inter, hidden, dtype=torch.bfloat16, device="cuda") * 0.02
     w2 = torch.randn(e, hidden, inter, dtype=torch.bfloat16, device="cuda") * 0.02
-    gu, dn = nvfp4.quantize(w13), nvfp4.quantize(w2)
-    banks_q = [
-        (gu, dn),
-        (
-            NVFP4Weight(gu.packed.clone(), gu.scales.clone(), gu.global_scale.clone()),
-            NVFP4Weight(dn.packed.clone(), dn.scales.clone(), dn.global_scale.clone()),
-        ),
-    ]
+    checkpoint = nvfp4.quantize(w13), nvfp4.quantize(w2)
+    # A seat's bank (the default band) and, past it, the checkpoint's layout the grouped form reads.
+    served = ops.bank_for_serving(*checkpoint, moe_ring_gluon.MAX_TOKENS)
+    layouts = {}
+    for bank in (checkpoint, served):
+        if bank[0].layout not in layouts:
+            twin = tuple(
+                NVFP4Weight(b.packed.clone(), b.scales.clone(), b.global_scale.clone(), b.layout) for b in bank
+            )
+            layouts[bank[0].layout] = [bank, twin]
     banks_b = [(w13, w2), (w13.clone(), w2.clone())]
-    per_expert_q = (gu.nbytes + dn.nbytes) / e
+    per_expert_q = (checkpoint[0].nbytes + checkpoint[1].nbytes) / e
     grouped = [_grouped_mm_arm(a, b) for a, b in banks_b]
     loop = _loop_arm(*banks_b[0])
     for t in tokens:
+        banks_q = layouts[(served if t <= moe_ring_gluon.MAX_TOKENS else checkpoint)[0].layout]
+        gu, dn = banks_q[0]
         x = torch.randn(t, hidden, dtype=torch.bfloat16, device="cuda")
         routings = [_routing(t, e, top_k, seed) for seed in range(8)]
         routed = sum(len(ids.unique()) for ids, _ in routings) / len(routings)
@@ -282,8 +288,9 @@ def bench_moe(
             "routed_experts": routed,
             "rel_err": err,
             "form": ops.choose_moe(
-                x, (gu.packed, gu.scales, gu.global_scale), (dn.packed, dn.scales, dn.global_scale), ids0, w0
+                x, (gu.packed, gu.scales, gu.global_scale), (dn.packed, dn.scales, dn.global_scale), ids0, w0, gu.layout
             ).name,
+            "layout": gu.layout,
             "ours_us": ours,
             "bf16_us": best_bf16,
         }

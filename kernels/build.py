@@ -382,19 +382,21 @@ def builds() -> Iterator[Build]:
             sig = _with_constexprs(_GEMV_GLUON_SIG, consts)
             warps = cfg["WARPS_N"] * cfg["WARPS_K"]
             yield from unique(Build("linear_gemv_gluon", fn, sig, consts, warps, 1))
-        for cfg in linear_mma_gluon.configs(m, 4096, 4096):
-            sig, consts = _split_build(
-                _MMA_GLUON_SIG, {"HAS_BIAS": False, "CHUNKS": 1, "LAYOUT": 0} | cfg, cfg.get("SPLIT_K", 1)
-            )
+        for cfg, layout in product(linear_mma_gluon.configs(m, 4096, 4096), linear_mma_gluon.LAYOUTS):
+            consts = {"HAS_BIAS": False, "CHUNKS": 1, "LAYOUT": layout} | cfg
+            sig, consts = _split_build(_MMA_GLUON_SIG, consts, cfg.get("SPLIT_K", 1))
             fn = linear_mma_gluon.nvfp4_linear_mma_gluon_kernel
             yield from unique(Build("linear_mma_gluon", fn, sig, consts, cfg["WARPS"], 1))
-        for cfg in linear_wgmma_gluon.configs(m, 4096, 4096):
-            sig, consts = _split_build(_GEMV_GLUON_SIG, {"HAS_BIAS": False} | cfg, cfg.get("SPLIT_K", 1))
+        for cfg, layout in product(linear_wgmma_gluon.configs(m, 4096, 4096), linear_wgmma_gluon.LAYOUTS):
+            sig, consts = _split_build(
+                _GEMV_GLUON_SIG, {"HAS_BIAS": False, "LAYOUT": layout} | cfg, cfg.get("SPLIT_K", 1)
+            )
             fn = linear_wgmma_gluon.nvfp4_linear_wgmma_gluon_kernel
             yield from unique(Build("linear_wgmma_gluon", fn, sig, consts, cfg["WARPS"], 1, (90,)))
-    consts = {"ROWS": permute_steps.ROWS, "V": permute_steps.V}
-    fn = permute_steps.permute_steps_kernel
-    yield from unique(Build("permute_steps", fn, _with_constexprs(_PERMUTE_SIG, consts), consts, 4, 1, (90,)))
+    for layout in linear_wgmma_gluon.LAYOUTS:
+        consts = {"ROWS": permute_steps.ROWS, "V": permute_steps.V, "LAYOUT": layout}
+        fn = permute_steps.permute_steps_kernel
+        yield from unique(Build("permute_steps", fn, _with_constexprs(_PERMUTE_SIG, consts), consts, 4, 1, (90,)))
     for t in _TOKENS:
         for cfg in moe_fused.configs(t, 768, 2048):
             for weight_bf16, even_k in product((False, True), (True, False)):
@@ -424,8 +426,9 @@ def builds() -> Iterator[Build]:
         consts = {"SPLIT_K": 4, "HAS_SCALE": has_scale, "HAS_BIAS": has_bias, "BLOCK": block}
         fn = linear_mma.splitk_reduce_kernel
         yield from unique(Build("splitk_reduce", fn, _with_constexprs(_SPLITK_REDUCE_SIG, consts), consts, 4, 1))
-    for cfg, even_k in product(linear_dequant.configs(linear_dequant.MIN_ROWS, 4096, 4096), (True, False)):
-        consts = {"USE_PRMT": True, "EVEN_K": even_k} | {k: cfg[k] for k in ("BLOCK_N", "BLOCK_K")}
+    dequants = linear_dequant.configs(linear_dequant.MIN_ROWS, 4096, 4096)
+    for cfg, even_k, layout in product(dequants, (True, False), linear_dequant.LAYOUTS):
+        consts = {"USE_PRMT": True, "EVEN_K": even_k, "LAYOUT": layout} | {k: cfg[k] for k in ("BLOCK_N", "BLOCK_K")}
         fn = linear_dequant.nvfp4_dequant_kernel
         yield from unique(Build("dequant", fn, _with_constexprs(_DEQUANT_SIG, consts), consts, cfg["num_warps"], 1))
     for cfg, even_k in product(linear_w4a4.configs(1, 4096, 4096), (True, False)):
@@ -448,28 +451,30 @@ def builds() -> Iterator[Build]:
             )
     for t in _TOKENS:
         ring = moe_ring_gluon.configs(t, 768, 2048) + moe_ring_gluon.configs(t, 48, 2048)  # walk, GEMV downs
-        for cfg in ring:
+        for cfg, layout in product(ring, moe_ring_gluon.LAYOUTS):
             block_m = moe_ring_gluon.GROUP_TILE if cfg["GROUPED"] else 1
             ring_down = "DOWN_WARPS" in cfg
+            if layout and not ring_down:
+                continue  # the GEMV down reads the checkpoint's layout
             consts = {"BLOCK_M": block_m, "E_POW2": 128, "WARPS": cfg["WARPS"], "STAGES": cfg["STAGES"]}
-            consts |= {"FOLD_DOWN": ring_down, "CHUNKS": cfg.get("CHUNKS", 1)}
+            consts |= {"FOLD_DOWN": ring_down, "CHUNKS": cfg.get("CHUNKS", 1), "LAYOUT": layout}
             fn = moe_ring_gluon.moe_gate_up_ring_kernel
             sig = _with_constexprs(_MOE_GATE_UP_RING_SIG, consts)
             yield from unique(Build("moe_gate_up_ring", fn, sig, consts, cfg["WARPS"], 1))
             if "DOWN_SLOTS" in cfg:
-                consts = {"SLOTS": 8, "WARPS": cfg["DOWN_WARPS"], "STAGES": cfg["STAGES"]}
+                consts = {"SLOTS": 8, "WARPS": cfg["DOWN_WARPS"], "STAGES": cfg["STAGES"], "LAYOUT": layout}
                 fn = moe_ring_gluon.moe_down_slots_ring_kernel
                 sig = _with_constexprs(_MOE_DOWN_SLOTS_RING_SIG, consts)
                 yield from unique(Build("moe_down_slots_ring", fn, sig, consts, cfg["DOWN_WARPS"], 1))
             elif "DOWN_GROUPED" in cfg:
                 consts = {"BLOCK_M": moe_ring_gluon.GROUP_TILE, "E_POW2": 128, "WARPS": cfg["DOWN_WARPS"]}
-                consts |= {"STAGES": cfg["STAGES"]}
+                consts |= {"STAGES": cfg["STAGES"], "LAYOUT": layout}
                 fn = moe_ring_gluon.moe_down_grouped_ring_kernel
                 sig = _with_constexprs(_MOE_DOWN_GROUPED_RING_SIG, consts)
                 yield from unique(Build("moe_down_grouped_ring", fn, sig, consts, cfg["DOWN_WARPS"], 1))
             elif ring_down:
                 consts = {"TOP_K_POW2": 8, "EXPERT_STEPS": 768 // linear_mma_gluon.BLOCK_K, "WARPS": cfg["DOWN_WARPS"]}
-                consts |= {"STAGES": cfg["STAGES"]}
+                consts |= {"STAGES": cfg["STAGES"], "LAYOUT": layout}
                 sig, consts = _split_build(_MOE_DOWN_RING_SIG, consts, cfg["DOWN_SPLIT"])
                 fn = moe_ring_gluon.moe_down_ring_kernel
                 yield from unique(Build("moe_down_ring", fn, sig, consts, cfg["DOWN_WARPS"], 1))

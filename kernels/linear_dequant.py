@@ -26,7 +26,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from flashrt.kernels.decode import load_nvfp4_halves
+from flashrt.kernels import ring_layout
+from flashrt.kernels.decode import decode, e4m3_to_bf16, load_nvfp4_codes, load_nvfp4_halves
 
 # Below this many rows the decode pass costs more than the GEMM it feeds: the register-decoding
 # forms win there, so the form is not offered (and not timed) for fewer rows.
@@ -57,14 +58,25 @@ def nvfp4_dequant_kernel(
     BLOCK_K: tl.constexpr,
     USE_PRMT: tl.constexpr,
     EVEN_K: tl.constexpr,
+    LAYOUT: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     k0 = tl.program_id(1) * BLOCK_K
     n_mask = rows < N
     wide = rows.to(tl.int64)
-    lo, hi = load_nvfp4_halves(
-        packed_ptr, scales_ptr, wide, n_mask, K, k0, stride_wn, stride_sn, BLOCK_N, BLOCK_K, USE_PRMT, EVEN_K
-    )
+    if LAYOUT == 1:  # ring_layout.RING (K in whole words: the layout is offered for nothing else)
+        codes, scale = load_nvfp4_codes(
+            packed_ptr, scales_ptr, wide, n_mask, K, k0, stride_wn, stride_sn, BLOCK_K, EVEN_K
+        )
+        codes = ring_layout.checkpoint_bytes(codes)
+        scale = tl.reshape(
+            tl.broadcast_to(e4m3_to_bf16(scale)[:, :, None], (BLOCK_N, BLOCK_K // 16, 8)), (BLOCK_N, BLOCK_K // 2)
+        )
+        lo, hi = decode(codes, scale, USE_PRMT)
+    else:
+        lo, hi = load_nvfp4_halves(
+            packed_ptr, scales_ptr, wide, n_mask, K, k0, stride_wn, stride_sn, BLOCK_N, BLOCK_K, USE_PRMT, EVEN_K
+        )
     weight = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))  # byte b holds k = 2b (low nibble), 2b + 1
     weight = weight.to(tl.float32) * tl.load(global_scale_ptr)
     cols = k0 + tl.arange(0, BLOCK_K)
@@ -74,7 +86,8 @@ def nvfp4_dequant_kernel(
 
 
 def dequantize_into(packed, scales, global_scale, out: torch.Tensor, config: dict, use_prmt: bool) -> torch.Tensor:
-    """Rows ``[0, out.shape[0])`` of the weight decoded into ``out`` (in its dtype)."""
+    """Rows ``[0, out.shape[0])`` of the weight decoded into ``out`` (in its dtype); ``LAYOUT``
+    in the config: the weight's (``ring_layout``)."""
     n, k = out.shape
     grid = (triton.cdiv(n, config["BLOCK_N"]), triton.cdiv(k, config["BLOCK_K"]))
     nvfp4_dequant_kernel[grid](
@@ -91,6 +104,7 @@ def dequantize_into(packed, scales, global_scale, out: torch.Tensor, config: dic
         BLOCK_K=config["BLOCK_K"],
         USE_PRMT=use_prmt,
         EVEN_K=k % config["BLOCK_K"] == 0,
+        LAYOUT=config.get("LAYOUT", ring_layout.CHECKPOINT),
         num_warps=config["num_warps"],
     )
     return out
@@ -125,6 +139,10 @@ def launch(
         else:
             torch.addmm(bias[r0:r1].to(x.dtype), x, weight.t(), out=out[:, r0:r1])
     return out
+
+
+# The weight's bits as the checkpoint has them, or in ``ring_layout`` (undone in registers).
+LAYOUTS = (ring_layout.CHECKPOINT, ring_layout.RING)
 
 
 def configs(m: int, n: int, k: int) -> list[dict]:

@@ -139,9 +139,9 @@ def _decode(words, scale, LAYOUT: gl.constexpr = 0):
 
 
 @gluon.jit
-def _scale_words(scale_words, LAYOUT_G):
+def _scale_words(scale_words, groups_layout: gl.constexpr):
     """A thread's scale words ``[rows, 4]`` as bf16 ``scale * 2**119`` ``[rows, 4, G]`` in
-    ``LAYOUT_G`` (group g from byte g)."""
+    ``groups_layout`` (group g from byte g)."""
     s0, s1, s2, s3 = gl.inline_asm_elementwise(
         asm=_SCALES,
         constraints="=h,=h,=h,=h,r",
@@ -151,7 +151,7 @@ def _scale_words(scale_words, LAYOUT_G):
         pack=1,
     )
     both = gl.join(gl.join(s0, s2), gl.join(s1, s3))  # [rows, 4, 2, 2]: group 2a + b at [a, b]
-    return gl.convert_layout(gl.reshape(both, (scale_words.shape[0], 4, 4)), LAYOUT_G)
+    return gl.convert_layout(gl.reshape(both, (scale_words.shape[0], 4, 4)), groups_layout)
 
 
 @gluon.jit
@@ -306,9 +306,11 @@ def _refill(
 @gluon.jit
 def _fragment(words, scale, A_OP: gl.constexpr, LAYOUT: gl.constexpr = 0):
     """The A fragment ``[rows, 64 G]`` of weight words ``[rows, 4, G, 2]`` (row, lane-in-quad,
-    group, word) and their scale bytes ``[rows, 4, G]``: decoded, scaled, and its pairs in the
-    order the activations are gathered, ``[rows, t, g, h, q0, q1] -> [rows, g, h, q1, q0, t]``
-    (pair = t + 4 q0 + 8 q1 + 16 (2g + h)); the layout change moves no data."""
+    group, word) and their scales ``[rows, 4, G]`` (bf16 ``scale * 2**119``): decoded, scaled,
+    and its pairs in the order the activations are gathered, ``[rows, t, g, h, q0, q1] -> [rows,
+    g, h, q1, q0, t]`` (pair = t + 4 q0 + 8 q1 + 16 (2g + h)); the layout change moves no data.
+    Pair q of a word is elements q and q + 4 of the checkpoint's layout, 2q and 2q + 1 of
+    ``ring_layout``'s (``LAYOUT``)."""
     ROWS: gl.constexpr = words.shape[0]
     K: gl.constexpr = words.shape[2] * 64
     p0, p1, p2, p3 = _decode(words, gl.broadcast(gl.expand_dims(scale, 3), words)[0], LAYOUT)
@@ -382,13 +384,8 @@ def _ring_product(
         )  # fmt: skip
         slot = i % STAGES
         words = words_ring.index(slot).reshape([BLOCK_N, 4, V // 2, 2]).load(WORDS)
-        if LAYOUT < 0:  # PROBE ONLY: HEAD's scale path
-            g4 = gl.arange(0, V // 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, WORDS))))
-            byte_shift = gl.expand_dims(gl.expand_dims(g4 * 8, 0), 1)
-            scale = _scale_byte((gl.expand_dims(scales_ring.index(slot).load(SCALES), 2) >> byte_shift) & 0xFF)
-        else:
-            scale = _scale_words(scales_ring.index(slot).load(SCALES), gl.SliceLayout(3, WORDS))
-        a = _fragment(words, scale, A_OP, LAYOUT > 0)
+        scale = _scale_words(scales_ring.index(slot).load(SCALES), gl.SliceLayout(3, WORDS))
+        a = _fragment(words, scale, A_OP, LAYOUT)
         if BLOCK_M < 8:
             FEW: gl.constexpr = few_tokens_layout(BLOCK_M, WARPS)
             x = gl.expand_dims(x_ring.index(slot).load(gl.SliceLayout(0, FEW)), 0)
@@ -396,7 +393,7 @@ def _ring_product(
             x = gl.convert_layout(gl.reshape(x, (32, 8 * V)), ACTS, assert_trivial=True)
         else:
             x = x_ring.index(slot).load(ACTS)
-        if LAYOUT > 0:  # [token, t, v, q1, q0, e] -> [v, q1, q0, t, e, token]: pairs as they lie
+        if LAYOUT == 1:  # ring_layout.RING: [token, t, v, q1, q0, e] -> [v, q1, q0, t, e, token]: pairs as they lie
             x = gl.permute(gl.reshape(x, (MMA_M, 4, V, 2, 2, 2)), (2, 3, 4, 1, 5, 0))
         else:  # [token, t, v, e, q1, q0] -> [v, q1, q0, t, e, token]: the order the pairs above took
             x = gl.permute(gl.reshape(x, (MMA_M, 4, V, 2, 2, 2)), (2, 4, 5, 1, 3, 0))
@@ -639,6 +636,9 @@ RING_BYTES = 224 << 10
 # activations in an MMA column of its own: the columns a few tokens leave empty.
 CHUNKS = (2, 4, 8)
 MAX_TOKENS = 128  # from here on the tensor-core forms with larger tiles (mma, dequant) win
+# The weight's bits as the checkpoint has them, or in ``ring_layout``: its decode in 15
+# instructions a word instead of 19 and no activation PRMTs (H200, ``bench/probe_ring_layout.py``).
+LAYOUTS = (ring_layout.CHECKPOINT, ring_layout.RING)
 
 
 def ring_bytes(config: dict) -> int:

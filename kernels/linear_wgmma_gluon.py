@@ -24,8 +24,11 @@ Gluon does not run under ``TRITON_INTERPRET``; CI builds it for sm_90 (the only 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
+from flashrt.kernels import ring_layout
 from flashrt.kernels.linear_mma import split_ks
 from flashrt.kernels.linear_mma_gluon import (
     BLOCK_K,
@@ -48,11 +51,13 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 
 @gluon.jit
-def _decoded_chunk(words_step, scale_word, c: gl.constexpr, CHUNK_WORDS: gl.constexpr, A_OP: gl.constexpr):
+def _decoded_chunk(
+    words_step, scale_word, c: gl.constexpr, CHUNK_WORDS: gl.constexpr, A_OP: gl.constexpr, LAYOUT: gl.constexpr
+):
     """The A fragment ``[rows, 64]`` of group ``c`` of a step (each thread's words 2c and 2c + 1
     and scale byte c): K positions ``64 c .. 64 c + 63`` of the permuted order."""
     words = words_step.slice(c, 1, dim=2).load(CHUNK_WORDS)
-    return _fragment(words, _scale_byte(gl.expand_dims((scale_word >> (8 * c)) & 0xFF, 2)), A_OP)
+    return _fragment(words, _scale_byte(gl.expand_dims((scale_word >> (8 * c)) & 0xFF, 2)), A_OP, LAYOUT)
 
 
 @gluon.jit
@@ -81,6 +86,7 @@ def nvfp4_linear_wgmma_gluon_kernel(
     STAGES: gl.constexpr,
     SPLIT_K: gl.constexpr,
     ASYNC_MMA: gl.constexpr,
+    LAYOUT: gl.constexpr,
 ):
     BLOCK_N: gl.constexpr = 16 * ROW_TILES * WARPS
     BLOCK_K: gl.constexpr = 32 * V
@@ -134,10 +140,10 @@ def nvfp4_linear_wgmma_gluon_kernel(
         scale_word = scales_ring.index(slot).load(SCALES)
         x_step = x_ring.index(slot)
         if ASYNC_MMA:  # chunk c + 1 decodes while chunk c multiplies; each A fragment lives until its MMA retires
-            a = _decoded_chunk(words_step, scale_word, 0, CHUNK_WORDS, A_OP)
+            a = _decoded_chunk(words_step, scale_word, 0, CHUNK_WORDS, A_OP, LAYOUT)
             acc = warpgroup_mma(a, x_step.slice(0, CHUNK_K, dim=1).permute((1, 0)), acc, is_async=True)
             for c in gl.static_range(1, CHUNKS):
-                a_next = _decoded_chunk(words_step, scale_word, c, CHUNK_WORDS, A_OP)
+                a_next = _decoded_chunk(words_step, scale_word, c, CHUNK_WORDS, A_OP, LAYOUT)
                 acc = warpgroup_mma(
                     a_next, x_step.slice(c * CHUNK_K, CHUNK_K, dim=1).permute((1, 0)), acc, is_async=True
                 )
@@ -146,7 +152,7 @@ def nvfp4_linear_wgmma_gluon_kernel(
             acc, a = warpgroup_mma_wait(0, deps=[acc, a])  # the ring slot is refilled next step
         else:
             for c in gl.static_range(CHUNKS):
-                a = _decoded_chunk(words_step, scale_word, c, CHUNK_WORDS, A_OP)
+                a = _decoded_chunk(words_step, scale_word, c, CHUNK_WORDS, A_OP, LAYOUT)
                 acc = warpgroup_mma(a, x_step.slice(c * CHUNK_K, CHUNK_K, dim=1).permute((1, 0)), acc)
     async_copy.wait_group(0)
 
@@ -181,12 +187,15 @@ def launch(
             f"config {config}: its ring takes {ring_bytes(config)} bytes of shared memory, over {RING_BYTES}"
         )
     kernel = nvfp4_linear_wgmma_gluon_kernel
+    layout = config.get("LAYOUT", ring_layout.CHECKPOINT)
     return launch_ring(
-        kernel, permute_steps, x, packed, scales, global_scale, bias, out, config,
-        ASYNC_MMA=config["ASYNC_MMA"],
+        kernel, functools.partial(permute_steps, layout=layout), x, packed, scales, global_scale, bias, out, config,
+        ASYNC_MMA=config["ASYNC_MMA"], LAYOUT=layout,
     )  # fmt: skip
 
 
+# The weight's bits as the checkpoint has them, or in ``ring_layout`` (its activations permuted to match).
+LAYOUTS = (ring_layout.CHECKPOINT, ring_layout.RING)
 RING_BYTES = 224 << 10  # sm_90's 227 KiB a block, less the compiler's own
 # The token counts it is offered for, whole adjudication buckets (17-32 ... 129-256). At 16 and
 # under the ring form's 8-column MMA wastes nothing where this one's 64 would. H200: at 256

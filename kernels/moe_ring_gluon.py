@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import torch
 import triton
-from flashrt.kernels import moe_fused, moe_gemv_gluon
+from flashrt.kernels import moe_fused, moe_gemv_gluon, ring_layout
 from flashrt.kernels.linear_mma import reduce_splits, split_ks, split_target
 from flashrt.kernels.linear_mma_gluon import (
     _EPILOGUE_FACTOR,
@@ -141,6 +141,7 @@ def moe_gate_up_ring_kernel(
     STAGES: gl.constexpr,
     FOLD_DOWN: gl.constexpr,
     CHUNKS: gl.constexpr,
+    LAYOUT: gl.constexpr,
 ):
     """``h[pair, rows] = silu(gate_e @ x_t) * (up_e @ x_t)``, e and t the pair's expert and token;
     weight words and scale words (int32) by expert, row. ``BLOCK_M == 1``: one program a pair
@@ -191,7 +192,20 @@ def moe_gate_up_ring_kernel(
     x_mask = gl.expand_dims(x_valid, 1)
 
     acc = _ring_product(
-        hidden_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, 0, steps, RING_M, 2, WARPS, STAGES
+        hidden_ptr,
+        words_ptr,
+        scales_ptr,
+        word_off,
+        scale_off,
+        x_off,
+        x_mask,
+        0,
+        steps,
+        RING_M,
+        2,
+        WARPS,
+        STAGES,
+        LAYOUT=LAYOUT,
     )  # [2 * HALF, MMA_M]: gate rows, then up rows; a column a pair (or a chunk of the pair)
     if CHUNKS > 1:
         acc = _sum_chunks(acc, CHUNKS, CHUNKS, WARPS)  # [2 * ROWS, MMA_M / CHUNKS]: column 0 the pair
@@ -240,6 +254,7 @@ def moe_down_ring_kernel(
     WARPS: gl.constexpr,
     STAGES: gl.constexpr,
     SPLIT_K: gl.constexpr,
+    LAYOUT: gl.constexpr,
 ):
     """``out[t, rows] = sum_j down_e(j) @ h[t * TOP_K + j]`` over token t's experts, h folded
     (``FOLD_DOWN``), so the sum takes no weights; N output rows, K = inter in ``EXPERT_STEPS``
@@ -270,7 +285,7 @@ def moe_down_ring_kernel(
     steps = gl.minimum(per_split, walk - first)
     acc = _ring_product(
         h_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, first, steps, 1, 1, WARPS, STAGES,
-        experts * stride_we, experts * stride_se, EXPERT_STEPS,
+        experts * stride_we, experts * stride_se, EXPERT_STEPS, LAYOUT,
     )  # fmt: skip
 
     offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
@@ -311,6 +326,7 @@ def moe_down_slots_ring_kernel(
     SLOTS: gl.constexpr,
     WARPS: gl.constexpr,
     STAGES: gl.constexpr,
+    LAYOUT: gl.constexpr,
 ):
     """The walk's sum, ``out[t, rows] = sum_j down_e(j) @ h[t * TOP_K + j]`` (h folded), with
     the token's experts side by side instead of one after the other: program row ``SLOTS n + j``
@@ -341,7 +357,8 @@ def moe_down_slots_ring_kernel(
     x_off = _activation_offsets(token * TOP_K + slot, xr, xc, K)  # a token's pair rows lie end to end
     x_mask = gl.expand_dims(slot < TOP_K, 1)
     acc = _ring_product(
-        h_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, 0, K // BLOCK_K, SLOTS, 1, WARPS, STAGES
+        h_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, 0, K // BLOCK_K, SLOTS, 1, WARPS, STAGES,
+        LAYOUT=LAYOUT,
     )  # fmt: skip
     acc = _sum_chunks(acc, TOP_K, SLOTS, WARPS)  # [ROWS, MMA columns / SLOTS]: column 0 the token
     OUT: gl.constexpr = acc.type.layout
@@ -374,6 +391,7 @@ def moe_down_grouped_ring_kernel(
     E_POW2: gl.constexpr,
     WARPS: gl.constexpr,
     STAGES: gl.constexpr,
+    LAYOUT: gl.constexpr,
 ):
     """The down grouped by expert, ``partials[j, t, rows] = down_e @
     h[t * TOP_K + j]`` for the pairs of one expert's tile, the expert read once for all of them
@@ -397,7 +415,7 @@ def moe_down_grouped_ring_kernel(
     steps = (K // BLOCK_K) * has_run.to(gl.int32)
     acc = _ring_product(
         h_ptr, words_ptr, scales_ptr, word_off + expert * stride_we, scale_off + expert * stride_se, x_off,
-        gl.expand_dims(x_valid, 1), 0, steps, BLOCK_M, 1, WARPS, STAGES,
+        gl.expand_dims(x_valid, 1), 0, steps, BLOCK_M, 1, WARPS, STAGES, LAYOUT=LAYOUT,
     )  # fmt: skip
 
     offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
@@ -429,6 +447,12 @@ def launch(
     ordered reduce where split or grouped) or ``moe_gemv_gluon``'s. bf16 activations, K in
     whole ring steps (``configs`` offers nothing else)."""
     ring_down = "DOWN_WARPS" in config
+    layout = config.get("LAYOUT", ring_layout.CHECKPOINT)
+    if layout != ring_layout.CHECKPOINT and not ring_down:
+        raise ValueError(
+            "LAYOUT: the GEMV down (DOWN_ROWS) reads the checkpoint's layout; a bank in ring_layout "
+            "needs a config with DOWN_WARPS (the ring down)"
+        )
     n = gate_up[0].shape[1] // 2
     if ring_down and n % BLOCK_K:
         raise ValueError(
@@ -496,6 +520,7 @@ def launch(
         STAGES=config["STAGES"],
         FOLD_DOWN=ring_down,
         CHUNKS=chunks,
+        LAYOUT=layout,
         num_warps=config["WARPS"],
     )
     if ring_down:
@@ -518,6 +543,7 @@ def launch_down(
     k, n = dn_packed.shape[1], h.shape[1]
     words, scale_words = dn_packed.view(torch.int32), dn_scales.view(torch.uint8).view(torch.int32)
     warps = config["DOWN_WARPS"]
+    layout = config.get("LAYOUT", ring_layout.CHECKPOINT)
     if "DOWN_SLOTS" in config:
         slots = triton.next_power_of_2(top_k)
         if slots > 8:
@@ -542,6 +568,7 @@ def launch_down(
             SLOTS=slots,
             WARPS=warps,
             STAGES=config["STAGES"],
+            LAYOUT=layout,
             num_warps=warps,
         )
         return out
@@ -568,6 +595,7 @@ def launch_down(
             E_POW2=triton.next_power_of_2(dn_packed.shape[0]),
             WARPS=warps,
             STAGES=config["STAGES"],
+            LAYOUT=layout,
             num_warps=warps,
         )
         reduce_splits(partials, None, None, out)
@@ -594,6 +622,7 @@ def launch_down(
         WARPS=warps,
         STAGES=config["STAGES"],
         SPLIT_K=split,
+        LAYOUT=layout,
         num_warps=warps,
     )
     if split > 1:
@@ -612,6 +641,10 @@ WALK_EXPERTS = 8
 # behind the best, so not offered). At 8 tokens 63.4 us against 65.8, at 16 113.2 against 93.2
 # (``h200-probe-moe-chunks-574c692.json``): up to 8.
 SLOTS_UPTO = 8
+MAX_TOKENS = 16  # from here on the grouped Triton form (``moe_fused``); a seat's band stops here by default
+# The banks' bits as the checkpoint has them, or in ``ring_layout`` (the ring downs only: the GEMV
+# down reads the checkpoint's).
+LAYOUTS = (ring_layout.CHECKPOINT, ring_layout.RING)
 GATE_UP_CHUNKS = (1, 2, 4)
 # The grouped down from 8 tokens on: about 54 experts for 64 pairs there, where it tied the walk
 # (68.7 against 68.8 us, ea7c354), and it lost at one token (22.6 against 21.8).
@@ -640,7 +673,7 @@ def configs(t: int, n: int, k: int) -> list[dict]:
     first use."""
     from flashrt.kernels.decode import interpreted
 
-    if t > 16 or interpreted() or k % BLOCK_K or n % 16:
+    if t > MAX_TOKENS or interpreted() or k % BLOCK_K or n % 16:
         return []
     if n % BLOCK_K:
         downs = [{"DOWN_ROWS": rows, "DOWN_WARPS_K": warps_k} for rows, warps_k in ((2, 2), (4, 1))]

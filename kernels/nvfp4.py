@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from flashrt.kernels import ring_layout
 
 BLOCK_SIZE = 16
 E2M1_MAX = 6.0
@@ -46,6 +47,7 @@ class NVFP4Weight:
     packed: torch.Tensor  # uint8 [*batch, N, K/2]
     scales: torch.Tensor  # float8_e4m3fn [*batch, N, K/16]
     global_scale: torch.Tensor  # float32 [*batch]
+    layout: int = ring_layout.CHECKPOINT  # the bits of packed: the checkpoint's, or ``ring_layout``'s
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -58,15 +60,27 @@ class NVFP4Weight:
 
     def expert(self, e: int) -> NVFP4Weight:
         """Expert ``e`` of a bank ``[E, N, K]``, as views."""
-        return NVFP4Weight(self.packed[e], self.scales[e], self.global_scale[e])
+        return NVFP4Weight(self.packed[e], self.scales[e], self.global_scale[e], self.layout)
 
     def to(self, device: torch.device | str) -> NVFP4Weight:
-        return NVFP4Weight(self.packed.to(device), self.scales.to(device), self.global_scale.to(device))
+        return NVFP4Weight(self.packed.to(device), self.scales.to(device), self.global_scale.to(device), self.layout)
+
+    def in_layout(self, layout: int) -> NVFP4Weight:
+        """The same weight with its codes in ``layout`` (a permutation of each word's bits)."""
+        if layout == self.layout:
+            return self
+        packed = ring_layout.pack(self.packed) if layout == ring_layout.RING else ring_layout.unpack(self.packed)
+        return NVFP4Weight(packed, self.scales, self.global_scale, layout)
 
 
 def check_weight(name: str, w: NVFP4Weight, batched: bool = False) -> None:
     """Raise ``ValueError`` naming the field when ``w`` is not a well-formed NVFP4 weight."""
     rank = 3 if batched else 2
+    if w.layout not in (ring_layout.CHECKPOINT, ring_layout.RING):
+        raise ValueError(
+            f"{name}.layout: got {w.layout!r}, need ring_layout.CHECKPOINT ({ring_layout.CHECKPOINT}) "
+            f"or ring_layout.RING ({ring_layout.RING})"
+        )
     if w.packed.dtype != torch.uint8:
         raise ValueError(f"{name}.packed: got dtype {w.packed.dtype}, need torch.uint8 (two E2M1 codes a byte)")
     if w.packed.dim() != rank:
@@ -152,6 +166,7 @@ def quantize_reference(weight: torch.Tensor) -> NVFP4Weight:
 def dequantize(w: NVFP4Weight, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """``e2m1 * scale * global`` in float32, cast once to ``dtype``."""
     check_weight("w", w, batched=w.packed.dim() == 3)
+    w = w.in_layout(ring_layout.CHECKPOINT)
     *batch, n, half_k = w.packed.shape
     codes = torch.stack((w.packed & 15, w.packed >> 4), dim=-1).reshape(*batch, n, half_k * 2 // BLOCK_SIZE, BLOCK_SIZE)
     values = e2m1_values(codes) * w.scales.float().unsqueeze(-1)
@@ -177,6 +192,7 @@ def quantize(weight: torch.Tensor) -> NVFP4Weight:
 
 def to_modelopt(w: NVFP4Weight) -> dict[str, torch.Tensor]:
     """ModelOpt names: ``weight_scale_2`` is the global scale itself (a multiplier)."""
+    w = w.in_layout(ring_layout.CHECKPOINT)
     return {"weight": w.packed, "weight_scale": w.scales, "weight_scale_2": w.global_scale}
 
 
@@ -192,6 +208,7 @@ def from_modelopt(tensors: dict[str, torch.Tensor]) -> NVFP4Weight:
 
 def to_compressed_tensors(w: NVFP4Weight) -> dict[str, torch.Tensor]:
     """compressed-tensors names: ``weight_global_scale`` is the reciprocal (a divisor)."""
+    w = w.in_layout(ring_layout.CHECKPOINT)
     return {"weight_packed": w.packed, "weight_scale": w.scales, "weight_global_scale": 1.0 / w.global_scale}
 
 

@@ -28,6 +28,7 @@ from flashrt.kernels import (
     moe_gemv_gluon,
     moe_ring_gluon,
     moe_w4a4,
+    ring_layout,
 )
 from flashrt.kernels.nvfp4 import BLOCK_SIZE, NVFP4Weight, check_weight, dequantize
 from flashrt.kernels.tuning import TUNER, Candidate, Outcome, bucket, candidate
@@ -187,9 +188,10 @@ def pin_activations(mode: str) -> None:
     _ACTIVATIONS = mode
 
 
-def _forms_offered(forms: dict, capability: tuple[int, int] | None, configs_of) -> list[Candidate]:
+def _forms_offered(forms: dict, capability: tuple[int, int] | None, configs_of, layout: int) -> list[Candidate]:
     """Every form's configs; a form for one generation's instructions (``qualifies``: the FP4 x FP4
-    forms, ``wgmma``) only where they are, and the FP4 x FP4 forms as the activation pin allows."""
+    forms, ``wgmma``) only where they are, the FP4 x FP4 forms as the activation pin allows, and
+    only forms that read the weight's ``layout`` (``LAYOUTS``: the checkpoint's by default)."""
     w4a4 = forms["w4a4"].qualifies(capability) and _ACTIVATIONS != "bf16"
     only_w4a4 = w4a4 and _ACTIVATIONS == "nvfp4"
     out = []
@@ -197,33 +199,52 @@ def _forms_offered(forms: dict, capability: tuple[int, int] | None, configs_of) 
         qualifies = getattr(mod, "qualifies", lambda _: True)
         if not (w4a4 if form == "w4a4" else not only_w4a4 and qualifies(capability)):
             continue
+        if layout not in getattr(mod, "LAYOUTS", (ring_layout.CHECKPOINT,)):
+            continue
         precision = getattr(mod, "PRECISION", 0)
         out += [candidate(form, cfg, precision) for cfg in configs_of(mod)]
     return out
 
 
-def linear_candidates(m: int, n: int, k: int, capability: tuple[int, int] | None = None) -> list[Candidate]:
-    return _forms_offered(LINEAR_FORMS, capability, lambda mod: mod.configs(m, n, k))
+def linear_candidates(
+    m: int, n: int, k: int, capability: tuple[int, int] | None = None, layout: int = ring_layout.CHECKPOINT
+) -> list[Candidate]:
+    return _forms_offered(LINEAR_FORMS, capability, lambda mod: mod.configs(m, n, k), layout)
 
 
-def moe_candidates(t: int, n: int, k: int, capability: tuple[int, int] | None = None) -> list[Candidate]:
-    return _forms_offered(MOE_FORMS, capability, lambda mod: mod.configs(t, n, k))
+def moe_candidates(
+    t: int, n: int, k: int, capability: tuple[int, int] | None = None, layout: int = ring_layout.CHECKPOINT
+) -> list[Candidate]:
+    return _forms_offered(MOE_FORMS, capability, lambda mod: mod.configs(t, n, k), layout)
 
 
-def choose_linear(x: torch.Tensor, packed, scales, global_scale, bias) -> Candidate:
+def _layout_key(layout: int) -> str:
+    """What a choice's key adds for a weight in ``ring_layout``: its forms and times are its own."""
+    return ":ring" if layout == ring_layout.RING else ""
+
+
+def launch_params(c: Candidate, layout: int) -> dict:
+    """A choice's config as its form's launcher takes it: with ``LAYOUT`` for a weight in ``ring_layout``."""
+    return c.params | {"LAYOUT": layout} if layout == ring_layout.RING else c.params
+
+
+def choose_linear(
+    x: torch.Tensor, packed, scales, global_scale, bias, layout: int = ring_layout.CHECKPOINT
+) -> Candidate:
     m, k = x.shape
     n = packed.shape[0]
     device = x.device
-    key = f"linear:{x.dtype}:M{bucket(m)}:N{n}:K{k}"
+    key = f"linear:{x.dtype}:M{bucket(m)}:N{n}:K{k}{_layout_key(layout)}"
 
     def measure(c: Candidate) -> Outcome:
         out = torch.empty(m, n, dtype=x.dtype, device=device)
         mod = LINEAR_FORMS[c.form]
-        run = functools.partial(mod.launch, x, packed, scales, global_scale, bias, out, c.params, _use_prmt(device))
+        params = launch_params(c, layout)
+        run = functools.partial(mod.launch, x, packed, scales, global_scale, bias, out, params, _use_prmt(device))
         try:
             run()
             rows = slice(0, PARITY_ROWS)
-            sample = NVFP4Weight(packed[rows], scales[rows], global_scale)
+            sample = NVFP4Weight(packed[rows], scales[rows], global_scale, layout)
             ref = linear_reference(x, sample, None if bias is None else bias[rows])
             return Outcome(c, _time_us(run), parity=_cosine(out[:, rows], ref))
         except Exception as exc:  # a config that does not build here is refused, not fatal
@@ -233,33 +254,81 @@ def choose_linear(x: torch.Tensor, packed, scales, global_scale, bias) -> Candid
     chosen = TUNER.recall(device_key, memo)
     if chosen is not None:
         return chosen
-    cands = linear_candidates(m, n, k, _capability(device))
+    cands = linear_candidates(m, n, k, _capability(device), layout)
     return TUNER.choose(device_key, key, cands, measure, _may_measure(device), memo)
 
 
-def choose_moe(hidden, gate_up, down, topk_ids, topk_weights) -> Candidate:
+def choose_moe(hidden, gate_up, down, topk_ids, topk_weights, layout: int = ring_layout.CHECKPOINT) -> Candidate:
     t, k = hidden.shape
     e, two_n, _ = gate_up[0].shape
-    key = f"moe:{hidden.dtype}:T{bucket(t)}:E{e}:N{two_n // 2}:K{k}:top{topk_ids.shape[1]}"
+    key = f"moe:{hidden.dtype}:T{bucket(t)}:E{e}:N{two_n // 2}:K{k}:top{topk_ids.shape[1]}{_layout_key(layout)}"
     device = hidden.device
     device_key, memo = _device_key(device.index or 0), (key, _ACTIVATIONS)
     chosen = TUNER.recall(device_key, memo)
     if chosen is not None:
         return chosen
-    cands = moe_candidates(t, two_n // 2, k, _capability(device))
+    cands = moe_candidates(t, two_n // 2, k, _capability(device), layout)
 
     def measure(c: Candidate) -> Outcome:
         out = torch.empty_like(hidden)
         launch = MOE_FORMS[c.form].launch
-        run = functools.partial(launch, hidden, gate_up, down, topk_ids, topk_weights, out, c.params, _use_prmt(device))
+        params = launch_params(c, layout)
+        run = functools.partial(launch, hidden, gate_up, down, topk_ids, topk_weights, out, params, _use_prmt(device))
         try:
             run()
-            ref = moe_reference(hidden, NVFP4Weight(*gate_up), NVFP4Weight(*down), topk_ids, topk_weights)
+            ref = moe_reference(
+                hidden, NVFP4Weight(*gate_up, layout), NVFP4Weight(*down, layout), topk_ids, topk_weights
+            )
             return Outcome(c, _time_us(run), parity=_cosine(out, ref))
         except Exception as exc:
             return Outcome(c, refused=_reason(exc))
 
     return TUNER.choose(device_key, key, cands, measure, _may_measure(device), memo)
+
+
+# -- serving layout ------------------------------------------------------------------------------
+
+# Where seats hold their weights in ``ring_layout``: Hopper, where every row count has a form that
+# reads it (the ring forms to 128 tokens, ``wgmma`` and the dequant from 17 and 64) and it was
+# measured. H200, ``bench/probe_ring_layout.py`` (``h200-probe-ring-layout-fd70e4d.json``): the
+# ring form 1.03-1.12x faster than on the checkpoint's layout, the same configs, at 1 and 8 tokens
+# on Llama-3-8B's and Qwen3-30B's projections (the LM head at one token 82.1 against 89.2 us).
+# Blackwell and Thor keep the checkpoint's: their FP4 x FP4 forms read only that, and neither
+# layout was measured there.
+RING_LAYOUT_MAJORS = (9,)
+
+
+def _ring_layout_serves(device: torch.device) -> bool:
+    from flashrt.kernels.decode import interpreted
+
+    capability = _capability(device)
+    return capability is not None and capability[0] in RING_LAYOUT_MAJORS and not interpreted()
+
+
+def for_serving(w: NVFP4Weight) -> NVFP4Weight:
+    """A projection's weight in the layout its device serves fastest: ``ring_layout`` where it
+    pays (``RING_LAYOUT_MAJORS``, K in whole ring steps), else as it is. Bit-exact either way
+    (``NVFP4Weight.in_layout``, ``to_modelopt`` give the checkpoint's bytes back)."""
+    if _ring_layout_serves(w.packed.device) and w.shape[-1] % linear_mma_gluon.BLOCK_K == 0:
+        return w.in_layout(ring_layout.RING)
+    return w
+
+
+def bank_for_serving(gate_up: NVFP4Weight, down: NVFP4Weight, max_tokens: int) -> tuple[NVFP4Weight, NVFP4Weight]:
+    """An expert bank's two weights in one layout: ``ring_layout`` where the ring expert form
+    serves every row count the seat sends the bank (``max_tokens``: past ``moe_ring_gluon.MAX_TOKENS``
+    only the grouped Triton form is offered, which reads the checkpoint's) and its ring down
+    takes the intermediate size; else as they are."""
+    _, two_n, k = gate_up.shape
+    steps = linear_mma_gluon.BLOCK_K
+    if (
+        _ring_layout_serves(gate_up.packed.device)
+        and max_tokens <= moe_ring_gluon.MAX_TOKENS
+        and k % steps == 0
+        and (two_n // 2) % steps == 0
+    ):
+        return gate_up.in_layout(ring_layout.RING), down.in_layout(ring_layout.RING)
+    return gate_up, down
 
 
 # -- custom ops ----------------------------------------------------------------------------------
@@ -279,20 +348,26 @@ def eager(x: torch.Tensor) -> bool:
 
 
 def _nvfp4_linear_body(
-    x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor, bias: torch.Tensor | None
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    global_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    layout: int,
 ) -> torch.Tensor:
     if x.device.type != "cuda":
-        return linear_reference(x, NVFP4Weight(packed, scales, global_scale), bias)
-    c = choose_linear(x, packed, scales, global_scale, bias)
+        return linear_reference(x, NVFP4Weight(packed, scales, global_scale, layout), bias)
+    c = choose_linear(x, packed, scales, global_scale, bias, layout)
     out = torch.empty(x.shape[0], packed.shape[0], dtype=x.dtype, device=x.device)
-    return LINEAR_FORMS[c.form].launch(x, packed, scales, global_scale, bias, out, c.params, _use_prmt(x.device))
+    params = launch_params(c, layout)
+    return LINEAR_FORMS[c.form].launch(x, packed, scales, global_scale, bias, out, params, _use_prmt(x.device))
 
 
 _nvfp4_linear = torch.library.custom_op("flashrt::nvfp4_linear", _nvfp4_linear_body, mutates_args=())
 
 
 @_nvfp4_linear.register_fake
-def _(x, packed, scales, global_scale, bias):
+def _(x, packed, scales, global_scale, bias, layout):
     return x.new_empty(x.shape[0], packed.shape[0])
 
 
@@ -306,22 +381,24 @@ def _nvfp4_moe_body(
     dn_global: torch.Tensor,
     topk_ids: torch.Tensor,
     topk_weights: torch.Tensor,
+    layout: int,
 ) -> torch.Tensor:
     gate_up = (gu_packed, gu_scales, gu_global)
     down = (dn_packed, dn_scales, dn_global)
     if hidden.device.type != "cuda":
-        return moe_reference(hidden, NVFP4Weight(*gate_up), NVFP4Weight(*down), topk_ids, topk_weights)
-    c = choose_moe(hidden, gate_up, down, topk_ids, topk_weights)
+        return moe_reference(hidden, NVFP4Weight(*gate_up, layout), NVFP4Weight(*down, layout), topk_ids, topk_weights)
+    c = choose_moe(hidden, gate_up, down, topk_ids, topk_weights, layout)
     out = torch.empty_like(hidden)
     launch = MOE_FORMS[c.form].launch
-    return launch(hidden, gate_up, down, topk_ids, topk_weights, out, c.params, _use_prmt(hidden.device))
+    params = launch_params(c, layout)
+    return launch(hidden, gate_up, down, topk_ids, topk_weights, out, params, _use_prmt(hidden.device))
 
 
 _nvfp4_moe = torch.library.custom_op("flashrt::nvfp4_moe", _nvfp4_moe_body, mutates_args=())
 
 
 @_nvfp4_moe.register_fake
-def _(hidden, gu_packed, gu_scales, gu_global, dn_packed, dn_scales, dn_global, topk_ids, topk_weights):
+def _(hidden, gu_packed, gu_scales, gu_global, dn_packed, dn_scales, dn_global, topk_ids, topk_weights, layout):
     return torch.empty_like(hidden)
 
 
@@ -350,7 +427,7 @@ def linear(x: torch.Tensor, w: NVFP4Weight, bias: torch.Tensor | None = None) ->
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     op = _nvfp4_linear_body if eager(x2) else torch.ops.flashrt.nvfp4_linear
-    out = op(x2, w.packed, w.scales, w.global_scale, bias)
+    out = op(x2, w.packed, w.scales, w.global_scale, bias, w.layout)
     return out.reshape(*x.shape[:-1], n)
 
 
@@ -360,6 +437,11 @@ def moe(
     """Fused expert bank: ``hidden [T, K]``, ``gate_up [E, 2N, K]``, ``down [E, K, N]`` -> ``[T, K]``."""
     check_weight("gate_up", gate_up, batched=True)
     check_weight("down", down, batched=True)
+    if gate_up.layout != down.layout:
+        raise ValueError(
+            f"down.layout: got {down.layout}, gate_up has {gate_up.layout}; a bank's two weights share one layout "
+            "(NVFP4Weight.in_layout)"
+        )
     e, two_n, k = gate_up.shape
     if two_n % 2:
         raise ValueError(f"gate_up: got {two_n} rows an expert, need 2N (gate rows, then up rows)")
@@ -390,4 +472,5 @@ def moe(
         down.global_scale,
         topk_ids.contiguous(),
         topk_weights.contiguous(),
+        gate_up.layout,
     )

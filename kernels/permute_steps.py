@@ -30,9 +30,12 @@ ROWS = 8
 
 
 @triton.jit
-def permute_steps_kernel(x_ptr, out_ptr, M, stride_xm, stride_om, ROWS: tl.constexpr, V: tl.constexpr):
+def permute_steps_kernel(
+    x_ptr, out_ptr, M, stride_xm, stride_om, ROWS: tl.constexpr, V: tl.constexpr, LAYOUT: tl.constexpr
+):
     """``out[r, 256 s + p] = x[r, 256 s + natural(p)]`` for rows ``ROWS`` of program 0's axis and
-    step s: the step's tile ``[t, v, e, q1, q0]`` permuted to ``[v, q1, q0, t, e]`` in registers."""
+    step s: the step's tile ``[t, v, e, q1, q0]`` permuted to ``[v, q1, q0, t, e]`` in registers;
+    for a weight in ``ring_layout`` (its pairs K-neighbours), ``[t, v, q1, q0, e]`` to the same."""
     STEP: tl.constexpr = 32 * V
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     step = tl.program_id(1)
@@ -40,22 +43,28 @@ def permute_steps_kernel(x_ptr, out_ptr, M, stride_xm, stride_om, ROWS: tl.const
     mask = rows[:, None] < M
     tile = tl.load(x_ptr + rows[:, None] * stride_xm + step * STEP + cols[None, :], mask=mask)
     tile = tl.reshape(tile, (ROWS, 4, V, 2, 2, 2))
-    tile = tl.reshape(tl.permute(tile, (0, 2, 4, 5, 1, 3)), (ROWS, STEP))
+    if LAYOUT == 1:
+        tile = tl.reshape(tl.permute(tile, (0, 2, 3, 4, 1, 5)), (ROWS, STEP))
+    else:
+        tile = tl.reshape(tl.permute(tile, (0, 2, 4, 5, 1, 3)), (ROWS, STEP))
     tl.store(out_ptr + rows[:, None] * stride_om + step * STEP + cols[None, :], tile, mask=mask)
 
 
-def permute_steps(x: torch.Tensor, rows: int = ROWS) -> torch.Tensor:
-    """``x [M, K]`` (unit stride along K, K in whole 256-wide steps) in the decode's K order, one
-    launch (``bench/probe_permute_steps.py`` times its rows a program)."""
+def permute_steps(x: torch.Tensor, rows: int = ROWS, layout: int = 0) -> torch.Tensor:
+    """``x [M, K]`` (unit stride along K, K in whole 256-wide steps) in the decode's K order for a
+    weight in ``layout`` (``ring_layout``), one launch (``bench/probe_permute_steps.py`` times its
+    rows a program)."""
     m, k = x.shape
     out = torch.empty(m, k, dtype=x.dtype, device=x.device)
     grid = (triton.cdiv(m, rows), k // (32 * V))
-    permute_steps_kernel[grid](x, out, m, x.stride(0), out.stride(0), ROWS=rows, V=V, num_warps=4)
+    permute_steps_kernel[grid](x, out, m, x.stride(0), out.stride(0), ROWS=rows, V=V, LAYOUT=layout, num_warps=4)
     return out
 
 
-def permute_steps_reference(x: torch.Tensor) -> torch.Tensor:
-    """``permute_steps`` in plain torch: each step as ``[t, v, e, q1, q0]`` read as ``[v, q1, q0, t, e]``."""
+def permute_steps_reference(x: torch.Tensor, layout: int = 0) -> torch.Tensor:
+    """``permute_steps`` in plain torch: each step as ``[t, v, e, q1, q0]`` (``[t, v, q1, q0, e]``
+    for ``ring_layout``) read as ``[v, q1, q0, t, e]``."""
     m, k = x.shape
     steps = x.reshape(m, k // (32 * V), 4, V, 2, 2, 2)
-    return steps.permute(0, 1, 3, 5, 6, 2, 4).reshape(m, k)
+    order = (0, 1, 3, 4, 5, 2, 6) if layout == 1 else (0, 1, 3, 5, 6, 2, 4)
+    return steps.permute(*order).reshape(m, k)

@@ -22,7 +22,12 @@ ways, so a seat can give back the checkpoint's bytes.
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
+# What ``NVFP4Weight.layout`` holds: the checkpoint's nibbles, or this layout's bits.
+CHECKPOINT = 0
+RING = 1
 MAGNITUDE_ROTATION = (0, 3, 6, 9)
 SIGN_ROTATION = (4, 3, 6, 5)
 MAGNITUDE_MASK = 0x01C001C0
@@ -47,27 +52,28 @@ assert sorted(b for bits in SOURCE_BITS for b in bits) == list(range(32)), "the 
 def _words(packed: torch.Tensor) -> torch.Tensor:
     if packed.dtype != torch.uint8 or packed.shape[-1] % 4:
         raise ValueError(f"packed: got {packed.dtype} {tuple(packed.shape)}, need uint8 rows of whole 4-byte words")
-    return packed.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    return packed.contiguous().view(torch.int32)
+
+
+def _moved(words: torch.Tensor, moves) -> torch.Tensor:
+    """Bit ``src`` of each word to bit ``dst``, for every ``(src, dst)`` in ``moves``: int32 ops
+    only (a sign-extending shift is masked to its bit), so a bind holds one word-sized copy."""
+    out = torch.zeros_like(words)
+    for src, dst in moves:
+        out |= ((words >> src) & 1) << dst
+    return out
 
 
 def pack(packed: torch.Tensor) -> torch.Tensor:
     """The checkpoint's packed bytes (element ``i`` of a word in nibble ``i``) in this layout."""
-    w = _words(packed)
-    out = torch.zeros_like(w)
-    for element, bits in enumerate(SOURCE_BITS):
-        for j, bit in enumerate(bits):
-            out |= ((w >> (4 * element + j)) & 1) << bit
-    return out.to(torch.int32).view(torch.uint8).view(packed.shape)
+    moves = [(4 * element + j, bit) for element, bits in enumerate(SOURCE_BITS) for j, bit in enumerate(bits)]
+    return _moved(_words(packed), moves).view(torch.uint8).view(packed.shape)
 
 
 def unpack(packed: torch.Tensor) -> torch.Tensor:
     """``pack``'s inverse: this layout's bytes back to the checkpoint's."""
-    w = _words(packed)
-    out = torch.zeros_like(w)
-    for element, bits in enumerate(SOURCE_BITS):
-        for j, bit in enumerate(bits):
-            out |= ((w >> bit) & 1) << (4 * element + j)
-    return out.to(torch.int32).view(torch.uint8).view(packed.shape)
+    moves = [(bit, 4 * element + j) for element, bits in enumerate(SOURCE_BITS) for j, bit in enumerate(bits)]
+    return _moved(_words(packed), moves).view(torch.uint8).view(packed.shape)
 
 
 def decode_ptx() -> str:
@@ -104,3 +110,38 @@ def bf16_bits(words: torch.Tensor) -> torch.Tensor:
         out[..., 2 * q] = (pair & 0xFFFF).to(torch.int16).view(torch.bfloat16)
         out[..., 2 * q + 1] = ((pair >> 16) & 0xFFFF).to(torch.int16).view(torch.bfloat16)
     return out
+
+
+_MAGNITUDE_ROTATION = tl.constexpr(MAGNITUDE_ROTATION)
+_SIGN_ROTATION = tl.constexpr(SIGN_ROTATION)
+
+
+@triton.jit
+def _rotr(w, n: tl.constexpr):
+    if n == 0:
+        return w
+    else:
+        return (w >> n) | (w << (32 - n))
+
+
+@triton.jit
+def _checkpoint_byte(w, A: tl.constexpr, B: tl.constexpr):
+    """Checkpoint byte q (elements 2q, 2q + 1) of ring words ``w`` (uint32), its rotations A and B."""
+    m = _rotr(w, A)
+    s = _rotr(w, B)
+    return (((m >> 6) & 0x7) | ((s >> 12) & 0x8) | ((m >> 18) & 0x70) | ((s >> 24) & 0x80)).to(tl.uint8)
+
+
+@triton.jit
+def checkpoint_bytes(codes):
+    """Packed bytes ``uint8 [R, B]`` (B a multiple of 4) in this layout -> the checkpoint's, in
+    registers: what a Triton form that decodes the checkpoint's nibbles reads first."""
+    R: tl.constexpr = codes.shape[0]
+    B: tl.constexpr = codes.shape[1]
+    shifts = tl.arange(0, 4) * 8
+    w = tl.sum(tl.reshape(codes, (R, B // 4, 4)).to(tl.uint32) << shifts[None, None, :], axis=2)
+    b0 = _checkpoint_byte(w, _MAGNITUDE_ROTATION[0], _SIGN_ROTATION[0])
+    b1 = _checkpoint_byte(w, _MAGNITUDE_ROTATION[1], _SIGN_ROTATION[1])
+    b2 = _checkpoint_byte(w, _MAGNITUDE_ROTATION[2], _SIGN_ROTATION[2])
+    b3 = _checkpoint_byte(w, _MAGNITUDE_ROTATION[3], _SIGN_ROTATION[3])
+    return tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)), (R, B))  # [.., a, b]: byte 2a + b

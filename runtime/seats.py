@@ -280,7 +280,7 @@ class ProjectionSeat(Seat):
         if weight.shape[1] % 16:
             raise Refused(f"K = {weight.shape[1]} is not a multiple of 16 (NVFP4 blocks)")
         rows = self.profile.head_slab_rows if self.kind == "head" else weight.shape[0]
-        slabs = [quantize(weight.detach()[i : i + rows]) for i in range(0, weight.shape[0], rows)]
+        slabs = [ops.for_serving(quantize(weight.detach()[i : i + rows])) for i in range(0, weight.shape[0], rows)]
         x = _calibration(CALIBRATION_ROWS, weight.shape[1], weight)
         host = F.linear(x.to(weight.dtype), weight.detach())
         self.parity = _cosine(self._seam(slabs)(x, None), host)
@@ -331,7 +331,10 @@ class ExpertSeat(Seat):
         if gu_w.shape[2] % 16 or dn_w.shape[2] % 16:
             raise Refused(f"hidden {gu_w.shape[2]} or intermediate {dn_w.shape[2]} is not a multiple of 16")
         host_forward = module.forward  # what the bank computes now: the class's forward or the caller's
+        served_rows = self.profile.moe_band_t if self.profile.retain_host_experts else None
         gate_up, down = quantize(gu_w.detach()), quantize(dn_w.detach())
+        if served_rows is not None:  # a bank that serves every row count keeps the checkpoint's layout
+            gate_up, down = ops.bank_for_serving(gate_up, down, served_rows)
         e, k = gu_w.shape[0], gu_w.shape[2]
         x = _calibration(CALIBRATION_ROWS * 2, k, gu_w)
         gen = torch.Generator(device=gu_w.device).manual_seed(1)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from flashrt.kernels import moe, quantize
+from flashrt.kernels import moe, ops, quantize
 from flashrt.runtime.profile import SeatProfile
 from flashrt.runtime.seats import (
     CALIBRATION_ROWS,
@@ -125,7 +125,7 @@ class QuantMethodSeat(ProjectionSeat):
         if weight.shape[1] % 16:
             raise Refused(f"K = {weight.shape[1]} is not a multiple of 16 (NVFP4 blocks)")
         rows = self.profile.head_slab_rows if self.kind == "head" else weight.shape[0]
-        slabs = [quantize(weight.detach()[i : i + rows]) for i in range(0, weight.shape[0], rows)]
+        slabs = [ops.for_serving(quantize(weight.detach()[i : i + rows])) for i in range(0, weight.shape[0], rows)]
         host = layer.quant_method
         x = _calibration(CALIBRATION_ROWS, weight.shape[1], weight)
         self.parity = _cosine(self._seam(slabs)(x, None), host.apply(layer, x, None))
@@ -186,7 +186,7 @@ class MoESeat(QuantMethodSeat):
         w2 = getattr(layer, f"{_STASH}_w2_weight", layer.w2_weight)
         if w13.dtype not in (torch.bfloat16, torch.float16):
             raise Refused(f"expert weight dtype {w13.dtype}: only unquantized bf16/fp16 banks are seated")
-        gate_up, down = quantize(w13.detach()), quantize(w2.detach())
+        gate_up, down = ops.bank_for_serving(quantize(w13.detach()), quantize(w2.detach()), self.profile.moe_band_t)
         e, k = w13.shape[0], w13.shape[2]
         x = _calibration(CALIBRATION_ROWS, k, w13)
         gen = torch.Generator(device=w13.device).manual_seed(1)

@@ -25,6 +25,7 @@ from flashrt.kernels import (
     nvfp4,
     ops,
     permute_steps,
+    ring_layout,
 )
 from flashrt.kernels.decode import use_prmt
 from flashrt.kernels.nvfp4 import NVFP4Weight
@@ -165,6 +166,34 @@ def test_linear_kernel_matches_reference(form, m, k, device):
     out_b = torch.full_like(out, float("nan"))
     mod.launch(x, q.packed, q.scales, q.global_scale, bias, out_b, config, _prmt(device))
     torch.testing.assert_close(out_b.float(), out.float() + bias.float(), rtol=2e-2, atol=2e-2)
+
+
+RING_LAYOUT_CASES = [
+    (form, m)
+    for form, mod in LINEAR_FORMS.items()
+    if ring_layout.RING in getattr(mod, "LAYOUTS", ())
+    for m in LINEAR_TOKENS[form]
+]
+
+
+@pytest.mark.parametrize(("form", "m"), RING_LAYOUT_CASES)
+def test_linear_forms_read_the_ring_layout(form, m, device):
+    """The forms that read ``ring_layout`` give the reference's product on a weight repacked in
+    it, the decode (pairs of K-neighbours, rotations) and the activation order (none gathered,
+    or ``permute_steps``' other order) included; every Gluon config of the shape on a GPU."""
+    n, k = (200, 2048) if not ON_GPU else (1000, 2048)
+    q = nvfp4.quantize(torch.randn(n, k, dtype=torch.bfloat16, device=device))
+    ring = q.in_layout(ring_layout.RING)
+    assert not torch.equal(ring.packed, q.packed)
+    x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
+    mod = LINEAR_FORMS[form]
+    configs = mod.configs(m, n, k) if form != "dequant" else [LINEAR_CONFIGS[form]]
+    assert configs
+    for config in configs:
+        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
+        mod.launch(x, ring.packed, q.scales, q.global_scale, None, out, config | {"LAYOUT": ring_layout.RING}, False)
+        assert not out.isnan().any(), config
+        assert _rel_err_f64(out, x, q) < 1e-2, config
 
 
 @pytest.mark.parametrize(("m", "k", "split"), [(3, 2048, 4), (16, 4000, 3), (33, 768, 2)])
@@ -367,31 +396,37 @@ def test_mma_gluon_chunks_are_offered_to_few_tokens_and_launched_as_rows_and_lan
     torch.testing.assert_close(diagonal, xs @ w.T)
 
 
-def test_wgmma_form_permutes_activations_into_the_order_its_decode_makes_pairs():
+@pytest.mark.parametrize("layout", [ring_layout.CHECKPOINT, ring_layout.RING])
+def test_wgmma_form_permutes_activations_into_the_order_its_decode_makes_pairs(layout):
     """The launcher permutes the activations; the kernel decodes each thread's words (lane t,
-    group g, word h) into pairs (q0, q1) of elements q and q + 4 and orders them
-    ``[g, h, q1, q0, t]``, element e innermost (``_decoded_chunk``). Built that way in torch, the
-    weight times the permuted activations must be the plain product."""
+    group g, word h) into pairs (q0, q1), of elements q and q + 4 (2q and 2q + 1 in
+    ``ring_layout``), and orders them ``[g, h, q1, q0, t]``, element e innermost
+    (``_decoded_chunk``). Built that way in torch, the weight times the permuted activations
+    must be the plain product."""
     rows, k = 6, 512
     w = torch.randn(rows, k, dtype=torch.float64)
-    decoded = w.reshape(rows, k // 256, 4, 4, 2, 2, 2, 2)  # t, g, h, e, q1, q0: k = 64t + 8(2g + h) + 4e + 2q1 + q0
-    decoded = decoded.permute(0, 1, 3, 4, 6, 7, 2, 5).reshape(rows, k)
+    if layout == ring_layout.RING:  # t, g, h, q1, q0, e: k = 64t + 8(2g + h) + 4q1 + 2q0 + e
+        decoded = w.reshape(rows, k // 256, 4, 4, 2, 2, 2, 2).permute(0, 1, 3, 4, 5, 6, 2, 7)
+    else:  # t, g, h, e, q1, q0: k = 64t + 8(2g + h) + 4e + 2q1 + q0
+        decoded = w.reshape(rows, k // 256, 4, 4, 2, 2, 2, 2).permute(0, 1, 3, 4, 6, 7, 2, 5)
+    decoded = decoded.reshape(rows, k)
     x = torch.randn(5, k, dtype=torch.float64)
-    permuted = permute_steps.permute_steps_reference(x)
+    permuted = permute_steps.permute_steps_reference(x, layout)
     torch.testing.assert_close(permuted @ decoded.t(), x @ w.t())
     assert not torch.allclose(x @ decoded.t(), x @ w.t()), "the order matters"
 
 
+@pytest.mark.parametrize("layout", [ring_layout.CHECKPOINT, ring_layout.RING])
 @pytest.mark.parametrize(("m", "k"), [(1, 256), (17, 768), (33, 2048)])
-def test_permute_steps_moves_every_element_where_the_reference_does(m, k, device):
+def test_permute_steps_moves_every_element_where_the_reference_does(m, k, layout, device):
     """The launch's permutation, rows past a program's 8 and a row stride past K included, is the
     reference's bit for bit (it moves elements, nothing rounds); the rows of ``x`` beyond K are
     left alone."""
     wide = torch.randn(m, k + 16, dtype=torch.bfloat16, device=device)
     x = wide[:, :k]
     before = wide.clone()
-    out = permute_steps.permute_steps(x)
-    assert torch.equal(out, permute_steps.permute_steps_reference(x.contiguous()))
+    out = permute_steps.permute_steps(x, layout=layout)
+    assert torch.equal(out, permute_steps.permute_steps_reference(x.contiguous(), layout))
     assert torch.equal(wide, before)
 
 
@@ -402,15 +437,19 @@ def test_wgmma_form_is_offered_only_on_hopper(monkeypatch):
     assert not any(c.form == "wgmma_gluon" for c in ops.linear_candidates(8, 4096, 4096, (9, 0))), "not for decode"
 
 
+@pytest.mark.parametrize("layout", [ring_layout.CHECKPOINT, ring_layout.RING])
 @pytest.mark.parametrize("k", [768, 4000])
-def test_the_dequant_form_decodes_the_same_numbers_as_the_reference(k, device):
+def test_the_dequant_form_decodes_the_same_numbers_as_the_reference(k, layout, device):
     """The weight it hands cuBLAS is ``nvfp4.dequantize``'s, bit for bit on a GPU (K not a multiple
-    of the tile included), so the form differs from the reference only by the GEMM's rounding.
-    Triton's interpreter rounds float32 to bf16 toward zero, so on the CPU it is within one unit."""
+    of the tile included), so the form differs from the reference only by the GEMM's rounding;
+    from ``ring_layout`` too (undone in registers). Triton's interpreter rounds float32 to bf16
+    toward zero, so on the CPU it is within one unit."""
     q = nvfp4.quantize(torch.randn(300, k, dtype=torch.bfloat16, device=device))
     expected = nvfp4.dequantize(q, torch.bfloat16).cpu()
+    packed = q.in_layout(layout).packed
     for config in linear_dequant.configs(linear_dequant.MIN_ROWS, 300, k):
-        got = linear_dequant.dequantize_triton(q.packed, q.scales, q.global_scale, torch.bfloat16, config, False).cpu()
+        config = config | {"LAYOUT": layout}
+        got = linear_dequant.dequantize_triton(packed, q.scales, q.global_scale, torch.bfloat16, config, False).cpu()
         if ON_GPU:
             assert torch.equal(got, expected)
         else:
@@ -472,6 +511,165 @@ def test_gluon_mma_bit_placement_decodes_every_e2m1_code():
     assert torch.equal(linear_mma_gluon.bf16_bits(words).to(torch.float64), expected)
     assert torch.finfo(torch.bfloat16).max > linear_mma_gluon.SCALE_FACTOR * 448
     assert linear_mma_gluon.SCALE_FACTOR * linear_mma_gluon.EPILOGUE_FACTOR == 2.0**126
+
+
+def _run_ptx(ptx: str, args: dict) -> dict:
+    """The few PTX instructions the bit-placement decoders are made of, on uint32 Python ints:
+    ``args`` the inputs (``$4``..., 16-bit ones as ints), the outputs (``$0``...) returned."""
+    import re
+
+    def bf16(bits: int) -> float:
+        return torch.tensor([bits], dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float().item()
+
+    def bits16(value: float) -> int:
+        return torch.tensor([value]).to(torch.bfloat16).view(torch.int16).item() & 0xFFFF
+
+    regs = dict(args)
+
+    def get(name: str) -> int:
+        name = name.strip()
+        return int(name, 16) if name.startswith("0x") else int(name) if name.isdigit() else regs[name]
+
+    for line in ptx.splitlines():
+        line = line.strip().rstrip(";")
+        if not line or line in "{}" or line.startswith(".reg"):
+            continue
+        op, rest = line.split(None, 1)
+        if op == "mov.b32" and rest.startswith("{"):  # split a register into its halves
+            halves, src = rest.rsplit(",", 1)
+            lo, hi = (h.strip(" {}") for h in halves.split(","))
+            regs[lo], regs[hi] = get(src) & 0xFFFF, get(src) >> 16
+            continue
+        dst, *ops_ = [o.strip() for o in re.split(r",(?![^{]*})", rest)]
+        if op == "mov.b32" and ops_[0].startswith("{"):  # pack two halves
+            lo, hi = (h.strip(" {}") for h in ops_[0].split(","))
+            regs[dst] = get(lo) | get(hi) << 16
+        elif op == "mov.b32":
+            regs[dst] = get(ops_[0])
+        elif op == "and.b32":
+            regs[dst] = get(ops_[0]) & get(ops_[1])
+        elif op == "or.b32":
+            regs[dst] = get(ops_[0]) | get(ops_[1])
+        elif op == "shl.b32":
+            regs[dst] = (get(ops_[0]) << get(ops_[1])) & 0xFFFFFFFF
+        elif op == "shr.b32":
+            regs[dst] = get(ops_[0]) >> get(ops_[1])
+        elif op == "shf.r.wrap.b32":
+            w, n = get(ops_[0]), get(ops_[2]) % 32
+            assert ops_[0] == ops_[1], "a rotation shifts a word through itself"
+            regs[dst] = ((w >> n) | (w << (32 - n))) & 0xFFFFFFFF
+        elif op == "mul.rn.bf16x2":
+            a, b = get(ops_[0]), get(ops_[1])
+            lo, hi = bits16(bf16(a & 0xFFFF) * bf16(b & 0xFFFF)), bits16(bf16(a >> 16) * bf16(b >> 16))
+            regs[dst] = lo | hi << 16
+        else:
+            raise AssertionError(f"an instruction this emulator does not know: {line}")
+    return regs
+
+
+def test_ring_layout_moves_every_bit_of_a_word_and_back():
+    """``pack`` is a permutation of each word's 32 bits (each single bit lands on a single bit, no
+    two on the same), and ``unpack`` undoes it bit for bit on any bytes, of a bank too."""
+    one_hot = torch.tensor([1 << i for i in range(32)], dtype=torch.int64).to(torch.int32).view(torch.uint8)
+    moved = ring_layout.pack(one_hot.reshape(32, 4)).view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    assert sorted(int(w).bit_length() - 1 for w in moved) == list(range(32))
+    assert all(int(w) & (int(w) - 1) == 0 for w in moved)
+    raw = torch.randint(0, 256, (3, 5, 64), dtype=torch.uint8)
+    assert torch.equal(ring_layout.unpack(ring_layout.pack(raw)), raw)
+    with pytest.raises(ValueError, match="whole 4-byte words"):
+        ring_layout.pack(raw[..., :6])
+
+
+def test_ring_decode_ptx_gives_every_code_of_a_word_in_element_order():
+    """The PTX the ring forms run on ``ring_layout``'s words, emulated instruction by instruction:
+    pair q is elements 2q and 2q + 1, each ``e2m1 * 2**-126`` times the scale (1 here), subnormal
+    0.5 included; ``bf16_bits`` (the CPU's copy of the placement) agrees."""
+    words = torch.randint(-(2**31), 2**31, (512,), dtype=torch.int64).to(torch.int32)
+    nibbles = torch.stack([(words.to(torch.int64) >> (4 * j)) & 15 for j in range(8)], dim=-1).to(torch.uint8)
+    assert set(nibbles.unique().tolist()) == set(range(16))
+    expected = nvfp4.e2m1_values(nibbles).to(torch.float64) * 2.0**-126
+    ring_words = ring_layout.pack(words.view(torch.uint8)).view(torch.int32)
+    assert torch.equal(ring_layout.bf16_bits(ring_words).to(torch.float64), expected)
+    one = 0x3F80  # bf16 1.0
+    for word, want in zip(ring_words.tolist()[:64], expected[:64], strict=True):
+        regs = _run_ptx(ring_layout.decode_ptx(), {"$4": word & 0xFFFFFFFF, "$5": one})
+        halves = [regs[f"${q}"] >> (16 * h) & 0xFFFF for q in range(4) for h in range(2)]
+        got = torch.tensor(halves, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).to(torch.float64)
+        assert torch.equal(got, want)
+
+
+def test_scale_ptx_gives_every_e4m3_scale_times_2_to_the_119():
+    """The ring forms' scale conversion, emulated: each of a word's four E4M3 bytes becomes the bf16
+    ``scale * 2**119`` exactly, the subnormal scales and 0 included, as the fp32 path it
+    replaced gave."""
+    values = torch.arange(0, 0x7F, dtype=torch.int64)  # every non-negative E4M3 byte but NaN
+    expected = values.to(torch.uint8).view(torch.float8_e4m3fn).to(torch.float64) * 2.0**119
+    got = []
+    for i in range(0, len(values), 4):
+        quad = [*values[i : i + 4].tolist(), 0, 0, 0][:4]
+        word = quad[0] | quad[1] << 8 | quad[2] << 16 | quad[3] << 24
+        regs = _run_ptx(linear_mma_gluon._scales_ptx(), {"$4": word})
+        got += [regs[f"${g}"] for g in range(4)][: len(values) - i]
+    got = torch.tensor(got, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).to(torch.float64)
+    assert torch.equal(got, expected)
+
+
+def test_a_weight_in_the_ring_layout_computes_what_the_checkpoints_does():
+    """On the CPU the ops run the reference, which reads either layout: the same bits out of
+    ``linear``, ``moe``, ``dequantize`` and the checkpoint exports; and what cannot be served is
+    refused by name."""
+    q = nvfp4.quantize(torch.randn(96, 512, dtype=torch.bfloat16))
+    ring = q.in_layout(ring_layout.RING)
+    assert ring.layout == ring_layout.RING and ring.in_layout(ring_layout.RING) is ring
+    x = torch.randn(3, 512, dtype=torch.bfloat16)
+    assert torch.equal(ops.linear(x, ring), ops.linear(x, q))
+    assert torch.equal(nvfp4.dequantize(ring), nvfp4.dequantize(q))
+    assert torch.equal(nvfp4.to_modelopt(ring)["weight"], q.packed)
+    assert torch.equal(nvfp4.to_compressed_tensors(ring)["weight_packed"], q.packed)
+    assert torch.equal(ring.expert(0).packed, ring.packed[0]) if ring.packed.dim() == 3 else True
+    gu, dn = _bank(4, 256, 512, torch.device("cpu"))
+    ids, weights = _route(3, 4, 2, torch.device("cpu"))
+    hidden = torch.randn(3, 512, dtype=torch.bfloat16)
+    gu_ring, dn_ring = gu.in_layout(ring_layout.RING), dn.in_layout(ring_layout.RING)
+    assert gu_ring.expert(1).layout == ring_layout.RING
+    assert torch.equal(ops.moe(hidden, gu_ring, dn_ring, ids, weights), ops.moe(hidden, gu, dn, ids, weights))
+    with pytest.raises(ValueError, match=r"down\.layout"):
+        ops.moe(hidden, gu_ring, dn, ids, weights)
+    with pytest.raises(ValueError, match=r"w\.layout"):
+        ops.linear(x, NVFP4Weight(q.packed, q.scales, q.global_scale, 7))
+
+
+def test_only_forms_that_read_the_ring_layout_are_offered_for_it(monkeypatch):
+    """A weight in ``ring_layout`` is timed and served only by the forms that read it (the ring
+    forms, ``wgmma``, the dequant), at every row count; on the checkpoint's every form as before."""
+    monkeypatch.setattr("flashrt.kernels.decode.interpreted", lambda: False)
+    for m in (1, 8, 64, 128, 256, 2048):
+        ring = {c.form for c in ops.linear_candidates(m, 4096, 4096, (9, 0), ring_layout.RING)}
+        checkpoint = {c.form for c in ops.linear_candidates(m, 4096, 4096, (9, 0))}
+        assert ring and ring <= {"mma_gluon", "wgmma_gluon", "dequant"}, (m, ring)
+        assert ring < checkpoint or m > 128, (m, ring, checkpoint)
+    for t in (1, 8, 16):
+        ring = ops.moe_candidates(t, 768, 2048, (9, 0), ring_layout.RING)
+        assert ring and {c.form for c in ring} == {"ring_gluon"} and all("DOWN_WARPS" in c.params for c in ring)
+    candidate = ops.linear_candidates(1, 4096, 4096, (9, 0), ring_layout.RING)[0]
+    assert ops.launch_params(candidate, ring_layout.RING)["LAYOUT"] == ring_layout.RING
+    assert "LAYOUT" not in ops.launch_params(candidate, ring_layout.CHECKPOINT)
+
+
+def test_seats_take_the_ring_layout_where_every_row_count_can_read_it(monkeypatch):
+    """``for_serving``/``bank_for_serving``: Hopper's layout where it pays (K in whole ring steps;
+    a bank whose seat sends it at most the ring form's rows and whose down takes the ring's
+    steps), the checkpoint's elsewhere: on a CPU, past the band, for a ragged inter size."""
+    q = nvfp4.quantize(torch.randn(64, 512, dtype=torch.bfloat16))
+    odd = nvfp4.quantize(torch.randn(64, 272, dtype=torch.bfloat16))
+    gu, dn = _bank(4, 256, 512, torch.device("cpu"))
+    ragged = _bank(4, 48, 512, torch.device("cpu"))
+    assert ops.for_serving(q) is q and ops.bank_for_serving(gu, dn, 16) == (gu, dn), "the CPU keeps the checkpoint's"
+    monkeypatch.setattr(ops, "_ring_layout_serves", lambda device: True)
+    assert ops.for_serving(q).layout == ring_layout.RING and ops.for_serving(odd) is odd
+    assert all(w.layout == ring_layout.RING for w in ops.bank_for_serving(gu, dn, moe_ring_gluon.MAX_TOKENS))
+    assert ops.bank_for_serving(gu, dn, moe_ring_gluon.MAX_TOKENS + 1) == (gu, dn)
+    assert ops.bank_for_serving(*ragged, 16) == ragged
 
 
 def test_w4a4_reference_costs_little_against_bf16_and_w4a16():
@@ -833,6 +1031,29 @@ def test_ring_expert_chunks_and_slots_match_reference(t, top_k, device):
         assert (out.double() - ref).norm() / ref.norm() < 1e-2, config
 
 
+@pytest.mark.skipif(not ON_GPU, reason="Gluon has no interpreter; CI builds these kernels for every target")
+@pytest.mark.parametrize("t", [1, 3, 8, 16])
+def test_ring_expert_form_reads_banks_in_the_ring_layout(t, device):
+    """Every way the ring expert form offers at these tokens (per pair or grouped, 1-4 chunks;
+    the walk, its splits, the slots, the grouped down), on both banks repacked in
+    ``ring_layout``; expert 0's down global scale 0, the output poisoned first."""
+    e, n, k, top_k = 16, 512, 1024, 8
+    gu, dn = _bank(e, n, k, device)
+    dn.global_scale[0] = 0.0
+    hidden = torch.randn(t, k, dtype=torch.bfloat16, device=device)
+    ids, weights = _route(t, e, top_k, device)
+    ref = ops.moe_reference(hidden, gu, dn, ids, weights).double()
+    banks = _tuples(gu.in_layout(ring_layout.RING), dn.in_layout(ring_layout.RING))
+    configs = moe_ring_gluon.configs(t, n, k)
+    ways = {tuple(sorted(set(c) - {"WARPS", "STAGES"})) for c in configs}
+    chosen = [next(c for c in configs if tuple(sorted(set(c) - {"WARPS", "STAGES"})) == way) for way in ways]
+    for config in chosen + configs[1::5]:
+        out = torch.full_like(hidden, float("nan"))
+        moe_ring_gluon.launch(hidden, *banks, ids, weights, out, config | {"LAYOUT": ring_layout.RING}, False)
+        assert not out.isnan().any(), config
+        assert (out.double() - ref).norm() / ref.norm() < 1e-2, config
+
+
 @W4A4_HERE
 @pytest.mark.parametrize("t", [1, 5, 33])
 def test_moe_w4a4_form_matches_its_reference_stage_by_stage(t, device):
@@ -922,17 +1143,18 @@ def test_ops_trace_as_single_nodes_under_torch_compile_fullgraph():
 OPCHECK_UTILS = ("test_faketensor", "test_aot_dispatch_dynamic")
 
 
-def test_custom_ops_pass_opcheck():
-    q = nvfp4.quantize_reference(torch.randn(32, 64, dtype=torch.bfloat16))
+@pytest.mark.parametrize("layout", [ring_layout.CHECKPOINT, ring_layout.RING])
+def test_custom_ops_pass_opcheck(layout):
+    q = nvfp4.quantize_reference(torch.randn(32, 64, dtype=torch.bfloat16)).in_layout(layout)
     x = torch.randn(5, 64, dtype=torch.bfloat16)
     torch.library.opcheck(
-        torch.ops.flashrt.nvfp4_linear, (x, q.packed, q.scales, q.global_scale, None), test_utils=OPCHECK_UTILS
+        torch.ops.flashrt.nvfp4_linear, (x, q.packed, q.scales, q.global_scale, None, layout), test_utils=OPCHECK_UTILS
     )
-    gu, dn = _bank(4, 16, 64, torch.device("cpu"))
+    gu, dn = (w.in_layout(layout) for w in _bank(4, 16, 64, torch.device("cpu")))
     ids, weights = _route(3, 4, 2, torch.device("cpu"))
     torch.library.opcheck(
         torch.ops.flashrt.nvfp4_moe,
-        (x[:3], gu.packed, gu.scales, gu.global_scale, dn.packed, dn.scales, dn.global_scale, ids, weights),
+        (x[:3], gu.packed, gu.scales, gu.global_scale, dn.packed, dn.scales, dn.global_scale, ids, weights, layout),
         test_utils=OPCHECK_UTILS,
     )
 
