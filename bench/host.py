@@ -66,7 +66,7 @@ def run(features: int, calls: int, device: torch.device) -> dict:
             "bf16": lambda: bf16(x),
             "seated": lambda: model(x),
             "outer_op": lambda: torch.ops.flashrt.served_linear(x, None, seat.served, features),
-            "inner_op": lambda: torch.ops.flashrt.nvfp4_linear(x, w.packed, w.scales, w.global_scale, None),
+            "inner_op": lambda: torch.ops.flashrt.nvfp4_linear(x, w.packed, w.scales, w.global_scale, None, w.layout),
             "inner_direct": lambda: linear(x, w),
         }
         assert ops.eager(x)
