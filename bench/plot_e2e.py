@@ -11,10 +11,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_RESULTS = [  # every arm with vLLM's merged projections
-    ROOT / "results" / "h200-e2e-llama-8adad4e.json",  # 8adad4e: Llama-3-8B shape, batch 1 and 8
-    ROOT / "results" / "h200-e2e-qwen3-bcb02a5-b1.json",  # bcb02a5: Qwen3-30B-A3B shape, batch 1
-    ROOT / "results" / "h200-e2e-qwen3-ce9be33-b1b4.json",  # ce9be33: 4
-    ROOT / "results" / "h200-e2e-qwen3-bcb02a5-b8b16.json",  # bcb02a5: 8 and 16
+    ROOT / "results" / "h200-e2e-llama-6e6c1c8-b1.json",  # 6e6c1c8 (ring_layout): Llama-3-8B shape, batch 1
+    ROOT / "results" / "h200-e2e-llama-1c59e32-b8.json",  # 1c59e32: 8
+    ROOT / "results" / "h200-e2e-qwen3-38b8a07-b1b8.json",  # 38b8a07: Qwen3-30B-A3B shape, batch 1 and 8
+    ROOT / "results" / "h200-e2e-qwen3-a968c53-b16.json",  # a968c53: 16
+    ROOT / "results" / "h200-e2e-qwen3-ce9be33-b1b4.json",  # ce9be33 (before ring_layout): 4
     ROOT / "results" / "h200-e2e-qwen3-c58d18d-b32.json",  # 32 (the experts past the band)
     ROOT / "results" / "h200-e2e-llama-merged-b4.json",  # and 4, 16, 32 (d63d0e4 from here, sdpa's attention)
     ROOT / "results" / "h200-e2e-qwen35-merged.json",  # Qwen3.5-35B-A3B shape, batch 1 (cut at the limit)
@@ -61,7 +62,7 @@ def plot(result_paths: list[Path] | None = None, png: Path = DEFAULT_PNG) -> dic
     ax.set_xlabel("batch (sequences decoding together)")
     ax.set_ylabel("decode tokens/s, NVFP4 seats / bf16")
     commits = ", ".join(dict.fromkeys(r["commit"][:7] for r in results))
-    ax.set_title(f"{results[0]['device']}, torch {results[0]['torch']}, commits {commits}", fontsize=9)
+    ax.set_title(f"{results[0]['device']}, torch {results[0]['torch']}\ncommits {commits}", fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -29,6 +29,11 @@ experts side by side (``DOWN_SLOTS``: row ``8 n + j`` is row n of slot j's exper
 j's h in column j), no partials and no reduce launch. Qwen3-30B's bank on the H200: 15.2 us at
 one token against 17.9 (``SLOTS_UPTO``).
 
+Every kernel here reads either layout of the banks (``LAYOUT``: ``ring_layout``'s on Hopper,
+where the seat sends the bank at most ``MAX_TOKENS`` rows). H200, the kernel benchmark in that
+layout (``h200-kernels-m1-bank-1c59e32.json``): Qwen3-30B's bank 13.7/57.2/89.3 us at 1/8/16
+tokens against 14.3/67.5/95.2 at bcb02a5.
+
 H200, Qwen3-30B-A3B's bank (E=128, top-8, 2048 x 768), 9a6de5f
 (``bench/results/h200-probe-moe-ring-down.json``, every config checked against the reference):
 18.7/67.0/107.3 us at 1/8/16 tokens against the GEMV form's 20.5/100.4/188.1; with the GEMV down,

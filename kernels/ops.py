@@ -7,7 +7,9 @@ device work with preallocated outputs, so it records into a CUDA graph.
 
 On a CUDA device the op runs the Triton form that ``flashrt.kernels.tuning`` measured fastest
 for the shape; elsewhere it runs the plain-torch reference (dequantize, then matmul), which is
-also what the tests compare against.
+also what the tests compare against. A weight's ``layout`` (the checkpoint's, or ``ring_layout``'s,
+which seats on Hopper take: ``for_serving``) travels with it into the op, and only forms that
+read it are offered.
 """
 
 from __future__ import annotations
