@@ -165,7 +165,8 @@ def _scale_words(scale_words, groups_layout: gl.constexpr):
 
 @gluon.jit
 def _scale_byte(raw):
-    """Scale bytes (int32, one a group) as bf16 ``scale * 2**119``, through fp32."""
+    """Scale bytes (int32, one a group) as bf16 ``scale * 2**119``, through fp32: the ``wgmma``
+    form's, which decodes one group a ``wgmma`` (``_scale_words`` converts a word's four)."""
     return (raw.to(gl.uint8).to(gl.float8e4nv, bitcast=True).to(gl.float32) * _SCALE_FACTOR).to(gl.bfloat16)
 
 

@@ -331,10 +331,9 @@ class ExpertSeat(Seat):
         if gu_w.shape[2] % 16 or dn_w.shape[2] % 16:
             raise Refused(f"hidden {gu_w.shape[2]} or intermediate {dn_w.shape[2]} is not a multiple of 16")
         host_forward = module.forward  # what the bank computes now: the class's forward or the caller's
-        served_rows = self.profile.moe_band_t if self.profile.retain_host_experts else None
         gate_up, down = quantize(gu_w.detach()), quantize(dn_w.detach())
-        if served_rows is not None:  # a bank that serves every row count keeps the checkpoint's layout
-            gate_up, down = ops.bank_for_serving(gate_up, down, served_rows)
+        if self.profile.retain_host_experts:  # the host serves past the band; a bank that serves all keeps its layout
+            gate_up, down = ops.bank_for_serving(gate_up, down, self.profile.moe_band_t)
         e, k = gu_w.shape[0], gu_w.shape[2]
         x = _calibration(CALIBRATION_ROWS * 2, k, gu_w)
         gen = torch.Generator(device=gu_w.device).manual_seed(1)

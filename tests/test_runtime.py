@@ -5,6 +5,7 @@ import hashlib
 import pytest
 import torch
 import torch.nn.functional as F
+from flashrt.kernels import ring_layout
 from flashrt.runtime import SeatProfile, attach, discover, from_env
 from flashrt.runtime.metrics import render
 
@@ -19,11 +20,12 @@ def _llama(tied: bool = True):
     return LlamaForCausalLM(config).to(torch.bfloat16).eval()
 
 
-def _qwen3_moe():
+def _qwen3_moe(moe_intermediate_size: int = 128):
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     config = Qwen3MoeConfig(
-        vocab_size=1024, hidden_size=256, intermediate_size=512, moe_intermediate_size=128, num_hidden_layers=2,
+        vocab_size=1024, hidden_size=256, intermediate_size=512, moe_intermediate_size=moe_intermediate_size,
+        num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, num_experts=8, num_experts_per_tok=2, decoder_sparse_step=1,
         max_position_embeddings=128,
     )  # fmt: skip
@@ -59,6 +61,51 @@ def test_detach_gives_back_the_model_bit_for_bit(make):
     handle = attach(model, PROFILE)
     assert handle.summary()["seams"] > 0
     assert _fingerprint(model) != before
+    handle.detach()
+    assert _fingerprint(model) == before
+
+
+def _recording(fn, into: list):
+    """``fn``, each of its results also appended to ``into``."""
+
+    def call(*args):
+        into.append(fn(*args))
+        return into[-1]
+
+    return call
+
+
+@pytest.mark.parametrize(
+    ("make", "banks", "bank_layout"),
+    [(_llama, 0, None), (_qwen3_moe, 2, ring_layout.CHECKPOINT), (lambda: _qwen3_moe(256), 2, ring_layout.RING)],
+)
+def test_seats_in_the_ring_layout_compute_the_checkpoints_numbers_and_detach_bit_for_bit(
+    make, banks, bank_layout, monkeypatch
+):
+    """Where the device serves ``ring_layout`` (Hopper; forced here), projections and the LM head
+    (K = 256: whole ring steps) are seated in it, and a bank where its inter size is whole ring
+    steps (256, not 128) and the band sends it at most the ring form's rows; on the CPU the
+    reference reads either layout, so the logits are the checkpoint layout's bit for bit, and
+    detach gives the model back."""
+    from flashrt.kernels import ops
+
+    prompt = torch.randint(0, 1024, (2, 12))
+    model = make()
+    handle = attach(model, PROFILE)
+    with torch.no_grad():
+        checkpoint_logits = model(prompt).logits
+    handle.detach()
+    before = _fingerprint(model)
+    dense, bank_pairs = [], []
+    monkeypatch.setattr(ops, "for_serving", _recording(ops.for_serving, dense))
+    monkeypatch.setattr(ops, "bank_for_serving", _recording(ops.bank_for_serving, bank_pairs))
+    monkeypatch.setattr(ops, "_ring_layout_serves", lambda device: True)
+    handle = attach(model, PROFILE)
+    with torch.no_grad():
+        ring_logits = model(prompt).logits
+    assert dense and all(w.layout == ring_layout.RING for w in dense)
+    assert len(bank_pairs) == banks and all(w.layout == bank_layout for pair in bank_pairs for w in pair)
+    assert torch.equal(ring_logits, checkpoint_logits)
     handle.detach()
     assert _fingerprint(model) == before
 
