@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from flashrt.kernels import ring_layout
 from flashrt.kernels.linear_mma_gluon import WORDS_PER_THREAD as V  # a step is 32 V elements
 
 # Rows a program: 8 x 256 elements, 16 a thread of 4 warps. At 17 tokens a 4096-wide layer is
@@ -43,14 +44,14 @@ def permute_steps_kernel(
     mask = rows[:, None] < M
     tile = tl.load(x_ptr + rows[:, None] * stride_xm + step * STEP + cols[None, :], mask=mask)
     tile = tl.reshape(tile, (ROWS, 4, V, 2, 2, 2))
-    if LAYOUT == 1:
+    if LAYOUT == 1:  # ring_layout.RING
         tile = tl.reshape(tl.permute(tile, (0, 2, 3, 4, 1, 5)), (ROWS, STEP))
     else:
         tile = tl.reshape(tl.permute(tile, (0, 2, 4, 5, 1, 3)), (ROWS, STEP))
     tl.store(out_ptr + rows[:, None] * stride_om + step * STEP + cols[None, :], tile, mask=mask)
 
 
-def permute_steps(x: torch.Tensor, rows: int = ROWS, layout: int = 0) -> torch.Tensor:
+def permute_steps(x: torch.Tensor, rows: int = ROWS, layout: int = ring_layout.CHECKPOINT) -> torch.Tensor:
     """``x [M, K]`` (unit stride along K, K in whole 256-wide steps) in the decode's K order for a
     weight in ``layout`` (``ring_layout``), one launch (``bench/probe_permute_steps.py`` times its
     rows a program)."""
@@ -61,10 +62,10 @@ def permute_steps(x: torch.Tensor, rows: int = ROWS, layout: int = 0) -> torch.T
     return out
 
 
-def permute_steps_reference(x: torch.Tensor, layout: int = 0) -> torch.Tensor:
+def permute_steps_reference(x: torch.Tensor, layout: int = ring_layout.CHECKPOINT) -> torch.Tensor:
     """``permute_steps`` in plain torch: each step as ``[t, v, e, q1, q0]`` (``[t, v, q1, q0, e]``
     for ``ring_layout``) read as ``[v, q1, q0, t, e]``."""
     m, k = x.shape
     steps = x.reshape(m, k // (32 * V), 4, V, 2, 2, 2)
-    order = (0, 1, 3, 4, 5, 2, 6) if layout == 1 else (0, 1, 3, 5, 6, 2, 4)
+    order = (0, 1, 3, 4, 5, 2, 6) if layout == ring_layout.RING else (0, 1, 3, 5, 6, 2, 4)
     return steps.permute(*order).reshape(m, k)
