@@ -244,21 +244,23 @@ def bench_moe(
     w13 = torch.randn(e, 2 * inter, hidden, dtype=torch.bfloat16, device="cuda") * 0.02
     w2 = torch.randn(e, hidden, inter, dtype=torch.bfloat16, device="cuda") * 0.02
     checkpoint = nvfp4.quantize(w13), nvfp4.quantize(w2)
+
+    def with_twin(bank):  # two copies, rotated between calls
+        return [
+            bank,
+            tuple(NVFP4Weight(b.packed.clone(), b.scales.clone(), b.global_scale.clone(), b.layout) for b in bank),
+        ]
+
     # A seat's bank (the default band) and, past it, the checkpoint's layout the grouped form reads.
     served = ops.bank_for_serving(*checkpoint, moe_ring_gluon.MAX_TOKENS)
-    layouts = {}
-    for bank in (checkpoint, served):
-        if bank[0].layout not in layouts:
-            twin = tuple(
-                NVFP4Weight(b.packed.clone(), b.scales.clone(), b.global_scale.clone(), b.layout) for b in bank
-            )
-            layouts[bank[0].layout] = [bank, twin]
+    checkpoint_banks = with_twin(checkpoint)
+    served_banks = checkpoint_banks if served[0].layout == checkpoint[0].layout else with_twin(served)
     banks_b = [(w13, w2), (w13.clone(), w2.clone())]
     per_expert_q = (checkpoint[0].nbytes + checkpoint[1].nbytes) / e
     grouped = [_grouped_mm_arm(a, b) for a, b in banks_b]
     loop = _loop_arm(*banks_b[0])
     for t in tokens:
-        banks_q = layouts[(served if t <= moe_ring_gluon.MAX_TOKENS else checkpoint)[0].layout]
+        banks_q = served_banks if t <= moe_ring_gluon.MAX_TOKENS else checkpoint_banks
         gu, dn = banks_q[0]
         x = torch.randn(t, hidden, dtype=torch.bfloat16, device="cuda")
         routings = [_routing(t, e, top_k, seed) for seed in range(8)]

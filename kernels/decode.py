@@ -141,11 +141,19 @@ def load_nvfp4_halves(
     With ``EVEN_K`` (K a multiple of BLOCK_K, every real model) the loads are masked by row
     only: a mask that varies along K also stops Triton from vectorizing (seen in SASS as
     ``LDG.E.U8``). Each scale covers 8 consecutive bytes; it is broadcast in registers."""
-    HALF_K: tl.constexpr = BLOCK_K // 2
-    GROUPS: tl.constexpr = BLOCK_K // 16
     packed, scale = load_nvfp4_codes(packed_ptr, scales_ptr, rows, n_mask, K, k0, stride_wn, stride_sn, BLOCK_K, EVEN_K)
-    scale = tl.reshape(tl.broadcast_to(e4m3_to_bf16(scale)[:, :, None], (BLOCK_N, GROUPS, 8)), (BLOCK_N, HALF_K))
-    return decode(packed, scale, USE_PRMT)
+    return decode_codes(packed, scale, USE_PRMT)
+
+
+@triton.jit
+def decode_codes(codes, scales, USE_PRMT: tl.constexpr):
+    """(even-k, odd-k) bf16 of codes ``uint8 [R, B]`` and their scale bytes ``uint8 [R, B/8]``
+    (``load_nvfp4_codes``'): each scale broadcast over its 8 bytes in registers."""
+    R: tl.constexpr = codes.shape[0]
+    HALF_K: tl.constexpr = codes.shape[1]
+    GROUPS: tl.constexpr = scales.shape[1]
+    scale = tl.reshape(tl.broadcast_to(e4m3_to_bf16(scales)[:, :, None], (R, GROUPS, 8)), (R, HALF_K))
+    return decode(codes, scale, USE_PRMT)
 
 
 @triton.jit
@@ -182,11 +190,7 @@ def load_nvfp4_codes(
 
 @triton.jit
 def _decoded_halves(codes, scales):
-    R: tl.constexpr = codes.shape[0]
-    HALF_K: tl.constexpr = codes.shape[1]
-    GROUPS: tl.constexpr = scales.shape[1]
-    scale = tl.reshape(tl.broadcast_to(e4m3_to_bf16(scales)[:, :, None], (R, GROUPS, 8)), (R, HALF_K))
-    lo, hi = decode_arith(codes, scale)
+    lo, hi = decode_codes(codes, scales, False)
     return lo.to(tl.float32), hi.to(tl.float32)
 
 
@@ -307,6 +311,7 @@ def use_prmt(device_capability: tuple[int, int] | None) -> bool:
 __all__ = [
     "decode",
     "decode_arith",
+    "decode_codes",
     "decode_prmt",
     "dot",
     "dot_nvfp4",

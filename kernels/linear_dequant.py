@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 from flashrt.kernels import ring_layout
-from flashrt.kernels.decode import decode, e4m3_to_bf16, load_nvfp4_codes, load_nvfp4_halves
+from flashrt.kernels.decode import decode_codes, load_nvfp4_codes
 
 # Below this many rows the decode pass costs more than the GEMM it feeds: the register-decoding
 # forms win there, so the form is not offered (and not timed) for fewer rows.
@@ -64,19 +64,10 @@ def nvfp4_dequant_kernel(
     k0 = tl.program_id(1) * BLOCK_K
     n_mask = rows < N
     wide = rows.to(tl.int64)
+    codes, scales = load_nvfp4_codes(packed_ptr, scales_ptr, wide, n_mask, K, k0, stride_wn, stride_sn, BLOCK_K, EVEN_K)
     if LAYOUT == 1:  # ring_layout.RING (K in whole words: the layout is offered for nothing else)
-        codes, scale = load_nvfp4_codes(
-            packed_ptr, scales_ptr, wide, n_mask, K, k0, stride_wn, stride_sn, BLOCK_K, EVEN_K
-        )
         codes = ring_layout.checkpoint_bytes(codes)
-        scale = tl.reshape(
-            tl.broadcast_to(e4m3_to_bf16(scale)[:, :, None], (BLOCK_N, BLOCK_K // 16, 8)), (BLOCK_N, BLOCK_K // 2)
-        )
-        lo, hi = decode(codes, scale, USE_PRMT)
-    else:
-        lo, hi = load_nvfp4_halves(
-            packed_ptr, scales_ptr, wide, n_mask, K, k0, stride_wn, stride_sn, BLOCK_N, BLOCK_K, USE_PRMT, EVEN_K
-        )
+    lo, hi = decode_codes(codes, scales, USE_PRMT)
     weight = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))  # byte b holds k = 2b (low nibble), 2b + 1
     weight = weight.to(tl.float32) * tl.load(global_scale_ptr)
     cols = k0 + tl.arange(0, BLOCK_K)

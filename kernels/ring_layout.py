@@ -71,16 +71,19 @@ def _moved(words: torch.Tensor, moves) -> torch.Tensor:
     return out
 
 
+# (checkpoint bit, this layout's bit) for each of a word's 32 bits: code bit j of element i is
+# checkpoint bit 4i + j.
+_MOVES = [(4 * element + j, bit) for element, bits in enumerate(SOURCE_BITS) for j, bit in enumerate(bits)]
+
+
 def pack(packed: torch.Tensor) -> torch.Tensor:
     """The checkpoint's packed bytes (element ``i`` of a word in nibble ``i``) in this layout."""
-    moves = [(4 * element + j, bit) for element, bits in enumerate(SOURCE_BITS) for j, bit in enumerate(bits)]
-    return _moved(_words(packed), moves).view(torch.uint8).view(packed.shape)
+    return _moved(_words(packed), _MOVES).view(torch.uint8).view(packed.shape)
 
 
 def unpack(packed: torch.Tensor) -> torch.Tensor:
     """``pack``'s inverse: this layout's bytes back to the checkpoint's."""
-    moves = [(bit, 4 * element + j) for element, bits in enumerate(SOURCE_BITS) for j, bit in enumerate(bits)]
-    return _moved(_words(packed), moves).view(torch.uint8).view(packed.shape)
+    return _moved(_words(packed), [(dst, src) for src, dst in _MOVES]).view(torch.uint8).view(packed.shape)
 
 
 def decode_ptx() -> str:
