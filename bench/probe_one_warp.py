@@ -1,0 +1,122 @@
+"""Would one-warp programs run the dense ring faster than the offered 2- and 4-warp ones?
+
+``linear_mma_gluon``'s loop is mostly issue: 359 SASS instructions a step a warp, 240 of them
+the decode, where the copy bandwidth leaves about 512 cycles a 64-row step on an SM (H200);
+Nsight Compute saw 0.63 instructions issued a cycle a scheduler (``h200-ncu-13a1279.txt``).
+Every step all the program's warps meet at a barrier (their copies landed, the slot is free):
+the slowest warp sets the pace of all. A one-warp program's barrier is its own warp's, so
+warps drift apart and fill each other's stalls; the price is each warp copying its own
+activations (at one token 512 bytes a step against 2.3 KB of weight).
+
+Same run, each from HBM after a read-only L2 flush (``ops._time_us``), every config checked
+against the reference first: the H200's tuned choice for the shape (``bench/tuning``), or the
+best offered 4-stage config where none is cached, against one-warp configs: 1, 2 or 4 row
+tiles, 4 or 6 stages, their split-K variants, and at few tokens their chunked variants.
+Weights in ``ring_layout`` as seats hold them on Hopper.
+
+``python3 bench/probe_one_warp.py OUT.json [SHAPE ...]`` with flashrt importable
+(``bench/gpu_run.sh``).
+"""
+
+import functools
+import glob
+import json
+import os
+import sys
+import time
+
+import torch
+import triton
+from flashrt.bench.kernels import provenance
+from flashrt.bench.probe_ring_depth import name, timed
+from flashrt.bench.timing import copy_bandwidth_tbps
+from flashrt.kernels import linear_mma_gluon, nvfp4, ops, ring_layout
+from flashrt.kernels.linear_mma import split_ks
+
+SHAPES = {
+    "llama_qkv": (6144, 4096),
+    "llama_o": (4096, 4096),
+    "llama_gate_up": (28672, 4096),
+    "llama_down": (4096, 14336),
+    "lm_head": (151936, 2048),
+}
+DEADLINE_S = float(os.environ.get("PROBE_DEADLINE_S", "1e9"))
+
+
+def tuned(m: int, n: int, k: int) -> dict | None:
+    """The committed H200 choice for this shape in the ring layout, where it is the ring form."""
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuning")
+    for path in glob.glob(os.path.join(root, "tuning-*H200*.json")):
+        with open(path) as f:
+            entry = json.load(f).get(f"linear:torch.bfloat16:M{m}:N{n}:K{k}:ring")
+        if entry and entry["form"] == "mma_gluon":
+            return dict(entry["config"])
+    return None
+
+
+def one_warp(m: int, n: int, k: int) -> list[dict]:
+    block_m = next(bm for bm in (1, 2, 4, 8, 16, 32, 64) if bm >= min(m, 64))
+    out = []
+    for tiles in (1, 2, 4):
+        for stages in (4, 6):
+            base = {"BLOCK_M": block_m, "ROW_TILES": tiles, "WARPS": 1, "STAGES": stages}
+            out.append(base)
+            programs = triton.cdiv(n, 16 * tiles) * triton.cdiv(m, block_m)
+            out += [{**base, "SPLIT_K": s} for s in split_ks(programs, k, linear_mma_gluon.BLOCK_K)]
+            for chunks in linear_mma_gluon.CHUNKS:
+                if m * chunks <= 8 and k % (chunks * linear_mma_gluon.BLOCK_K) == 0:
+                    lanes = next(bm for bm in (2, 4, 8) if bm >= m * chunks)
+                    out.append({**base, "BLOCK_M": lanes, "CHUNKS": chunks})
+    return [c for c in out if linear_mma_gluon.ring_bytes(c) <= linear_mma_gluon.RING_BYTES]
+
+
+def main(path: str, shapes: list[str]) -> None:
+    start = time.monotonic()
+    copy_tbps = copy_bandwidth_tbps()
+    result = {**provenance(), "copy_TBps": copy_tbps, "rows": []}
+    torch.manual_seed(0)
+    for shape in shapes:
+        n, k = SHAPES[shape]
+        w = nvfp4.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16))
+        ring = ring_layout.pack(w.packed)
+        nbytes = w.packed.numel() + w.scales.numel()
+        for m in (1, 8, 16):
+            if time.monotonic() - start > DEADLINE_S:
+                print("deadline: stopping", flush=True)
+                return
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+            ref = ops.linear_reference(x, w)
+
+            def run(c, x=x, out=out, ring=ring, w=w):
+                cfg = {**c, "LAYOUT": ring_layout.RING}
+                return linear_mma_gluon.launch(x, ring, w.scales, w.global_scale, None, out, cfg, True)
+
+            choice = tuned(m, n, k)
+            baseline = [choice] if choice else [c for c in linear_mma_gluon.configs(m, n, k) if c["STAGES"] == 4]
+            base = {name(c): timed(functools.partial(run, c), out, ref) | {"config": c} for c in baseline}
+            warp = {name(c): timed(functools.partial(run, c), out, ref) | {"config": c} for c in one_warp(m, n, k)}
+            best = {
+                arm: min((r for r in rs.values() if r["us"] is not None), key=lambda r: r["us"], default=None)
+                for arm, rs in (("offered", base), ("one_warp", warp))
+            }
+            row = {"shape": shape, "N": n, "K": k, "M": m, "baseline_is_tuned": bool(choice)}
+            for arm, b in best.items():
+                row[f"{arm}_us"] = b and b["us"]
+                row[f"{arm}_config"] = b and b["config"]
+                row[f"{arm}_bandwidth_frac"] = b and nbytes / (b["us"] * 1e-6) / (copy_tbps * 1e12)
+            row["all"] = {k: {"us": r["us"], "rel_err": r["rel_err"], **({"error": r["error"]} if "error" in r else {})}
+                          for k, r in {**base, **warp}.items()}  # fmt: skip
+            result["rows"].append(row)
+            o, q = row["offered_us"] or float("nan"), row["one_warp_us"] or float("nan")
+            print(
+                f"{shape:14s} M={m:2d}: offered {o:7.2f} us  one warp {q:7.2f} us  x{o / q:.3f}"
+                f"  ({row['one_warp_bandwidth_frac'] or 0:.2f} of copy)  {name(row['one_warp_config'] or {})}",
+                flush=True,
+            )
+            with open(path, "w") as f:
+                json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2:] or list(SHAPES))
