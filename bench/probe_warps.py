@@ -21,6 +21,10 @@ Weights in ``ring_layout`` as seats hold them on Hopper.
 
 ``python3 bench/probe_warps.py OUT.json [SHAPE ...]`` with flashrt importable
 (``bench/gpu_run.sh``).
+
+Answer, H200 at 2e218dc (``h200-probe-warps-2e218dc.json``): no. One warp came within 1% on
+Llama's down projection and was 1-19% slower elsewhere; eight warps were slower everywhere
+(docs/benchmarks.md, "Kernels").
 """
 
 import functools
