@@ -7,12 +7,9 @@ lanes of a 16-byte load's shared-memory phase are two rows whose words sit in th
 the 32 banks: every load takes two wavefronts. XOR-ing a row's 16-byte chunks with the row
 (``SWIZZLE_WORDS``) spreads the two rows over all 32 banks; the copies in stay one row a phase.
 
-The ``wgmma`` form reads 8 bytes a thread a group from the same rows, four rows a 16-lane
-phase in the same 8 banks: four wavefronts a load, two swizzled. Same run, same configs (the
-H200's tuned choice for each shape, ``bench/tuning``; where none is cached the best offered
-4-stage ``mma_gluon`` config at 1-16 tokens, every offered ``wgmma_gluon`` one at 128), each
-from HBM after a read-only L2 flush (``ops._time_us``), each checked against the reference
-first, weights in ``ring_layout``.
+Same run, same configs (the H200's tuned choice for each shape, ``bench/tuning``; the best
+offered 4-stage config where none is cached), each from HBM after a read-only L2 flush
+(``ops._time_us``), each checked against the reference first, weights in ``ring_layout``.
 
 ``python3 bench/probe_swizzle_words.py OUT.json [SHAPE ...]`` with flashrt importable
 (``bench/gpu_run.sh``).
@@ -25,12 +22,9 @@ import sys
 import torch
 from flashrt.bench.kernels import provenance
 from flashrt.bench.probe_ring_depth import name, timed
-from flashrt.bench.probe_warps import SHAPES
-from flashrt.bench.probe_wgmma_tokens import tuned as tuned_form
+from flashrt.bench.probe_warps import SHAPES, tuned
 from flashrt.bench.timing import copy_bandwidth_tbps
-from flashrt.kernels import linear_mma_gluon, linear_wgmma_gluon, nvfp4, ops, ring_layout
-
-FORMS = {"mma_gluon": linear_mma_gluon, "wgmma_gluon": linear_wgmma_gluon}
+from flashrt.kernels import linear_mma_gluon, nvfp4, ops, ring_layout
 
 
 def main(path: str, shapes: list[str]) -> None:
@@ -42,26 +36,21 @@ def main(path: str, shapes: list[str]) -> None:
         w = nvfp4.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16))
         ring = ring_layout.pack(w.packed)
         nbytes = w.packed.numel() + w.scales.numel()
-        for m in (1, 8, 16, 128):
+        for m in (1, 8, 16):
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
             ref = ops.linear_reference(x, w)
 
-            def run(form, c, x=x, out=out, ring=ring, w=w):
+            def run(c, x=x, out=out, ring=ring, w=w):
                 cfg = {**c, "LAYOUT": ring_layout.RING}
-                return FORMS[form].launch(x, ring, w.scales, w.global_scale, None, out, cfg, True)
+                return linear_mma_gluon.launch(x, ring, w.scales, w.global_scale, None, out, cfg, True)
 
-            choice = tuned_form(m, n, k)
-            if choice:
-                configs = [choice]
-            elif m <= 16:
-                configs = [("mma_gluon", c) for c in linear_mma_gluon.configs(m, n, k) if c["STAGES"] == 4]
-            else:
-                configs = [("wgmma_gluon", c) for c in linear_wgmma_gluon.configs(m, n, k)]
+            choice = tuned(m, n, k)
+            configs = [choice] if choice else [c for c in linear_mma_gluon.configs(m, n, k) if c["STAGES"] == 4]
             row = {"shape": shape, "N": n, "K": k, "M": m, "baseline_is_tuned": bool(choice), "configs": {}}
-            for form, c in configs:
-                row["configs"][f"{form}[{name(c)}]"] = {
-                    arm: timed(functools.partial(run, form, {**c, "SWIZZLE_WORDS": sw}), out, ref)
+            for c in configs:
+                row["configs"][name(c)] = {
+                    arm: timed(functools.partial(run, {**c, "SWIZZLE_WORDS": sw}), out, ref)
                     for arm, sw in (("plain", 0), ("swizzled", 1))
                 }
             for arm in ("plain", "swizzled"):

@@ -390,7 +390,7 @@ def builds() -> Iterator[Build]:
             yield from unique(Build("linear_mma_gluon", fn, sig, consts, cfg["WARPS"], 1))
         for cfg, layout in product(linear_wgmma_gluon.configs(m, 4096, 4096), linear_wgmma_gluon.LAYOUTS):
             sig, consts = _split_build(
-                _GEMV_GLUON_SIG, {"HAS_BIAS": False, "LAYOUT": layout, "SWIZZLE_WORDS": 0} | cfg, cfg.get("SPLIT_K", 1)
+                _GEMV_GLUON_SIG, {"HAS_BIAS": False, "LAYOUT": layout} | cfg, cfg.get("SPLIT_K", 1)
             )
             fn = linear_wgmma_gluon.nvfp4_linear_wgmma_gluon_kernel
             yield from unique(Build("linear_wgmma_gluon", fn, sig, consts, cfg["WARPS"], 1, (90,)))

@@ -87,7 +87,6 @@ def nvfp4_linear_wgmma_gluon_kernel(
     SPLIT_K: gl.constexpr,
     ASYNC_MMA: gl.constexpr,
     LAYOUT: gl.constexpr,
-    SWIZZLE_WORDS: gl.constexpr = 0,
 ):
     BLOCK_N: gl.constexpr = 16 * ROW_TILES * WARPS
     BLOCK_K: gl.constexpr = 32 * V
@@ -115,12 +114,7 @@ def nvfp4_linear_wgmma_gluon_kernel(
     x_off = gl.expand_dims(tokens.to(gl.int64) * stride_xm, 1) + gl.expand_dims(xc, 0)
     x_mask = gl.expand_dims(tokens < M, 1)
 
-    if SWIZZLE_WORDS:
-        words_ring = gl.allocate_shared_memory(
-            gl.int32, [STAGES, BLOCK_N, 4 * V], gl.SwizzledSharedLayout(4, 1, 8, order=[1, 0])
-        )
-    else:
-        words_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 4 * V], PLAIN)
+    words_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 4 * V], PLAIN)
     scales_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 4], PLAIN)
     x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, BLOCK_K], ACTS)
 
@@ -196,7 +190,7 @@ def launch(
     layout = config.get("LAYOUT", ring_layout.CHECKPOINT)
     return launch_ring(
         kernel, functools.partial(permute_steps, layout=layout), x, packed, scales, global_scale, bias, out, config,
-        ASYNC_MMA=config["ASYNC_MMA"], LAYOUT=layout, SWIZZLE_WORDS=config.get("SWIZZLE_WORDS", 0),
+        ASYNC_MMA=config["ASYNC_MMA"], LAYOUT=layout,
     )  # fmt: skip
 
 
