@@ -357,7 +357,6 @@ def _ring_product(
     x_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, first, steps,
     BLOCK_M: gl.constexpr, ROW_TILES: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr,
     walk_words=0, walk_scales=0, EXPERT_STEPS: gl.constexpr = 0, LAYOUT: gl.constexpr = 0,
-    SWIZZLE_WORDS: gl.constexpr = 0,
 ):  # fmt: skip
     """``acc [BLOCK_N, max(BLOCK_M, 8)]``: the program's weight rows (``word_off``/``scale_off``
     at step 0) times its tokens (``x_off``, ``x_mask``) over ``steps`` steps from ``first``,
@@ -377,12 +376,7 @@ def _ring_product(
     # memory phase (4 quarters x 2 tokens) read 8 different banks.
     SWIZZLED: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, order=[1, 0])
 
-    if SWIZZLE_WORDS:
-        words_ring = gl.allocate_shared_memory(
-            gl.int32, [STAGES, BLOCK_N, 4 * V], gl.SwizzledSharedLayout(4, 1, 8, order=[1, 0])
-        )
-    else:
-        words_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 4 * V], PLAIN)
+    words_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 4 * V], PLAIN)
     scales_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 4], PLAIN)
     x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, 4 * BLOCK_M, 8 * V], SWIZZLED)
     _prime(
@@ -508,7 +502,6 @@ def nvfp4_linear_mma_gluon_kernel(
     SPLIT_K: gl.constexpr,
     CHUNKS: gl.constexpr,
     LAYOUT: gl.constexpr,
-    SWIZZLE_WORDS: gl.constexpr = 0,
 ):
     BLOCK_N: gl.constexpr = 16 * ROW_TILES * WARPS
     BLOCK_K: gl.constexpr = 32 * V
@@ -543,7 +536,7 @@ def nvfp4_linear_mma_gluon_kernel(
     x_mask = gl.expand_dims(tokens < M, 1)
     acc = _ring_product(
         x_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, first, steps, BLOCK_M, ROW_TILES, WARPS,
-        STAGES, LAYOUT=LAYOUT, SWIZZLE_WORDS=SWIZZLE_WORDS,
+        STAGES, LAYOUT=LAYOUT,
     )  # fmt: skip
 
     if CHUNKS == 1:
@@ -590,7 +583,6 @@ def launch(
     return launch_ring(
         nvfp4_linear_mma_gluon_kernel, aligned_activations, x, packed, scales, global_scale, bias, out, config,
         chunk_words=chunk_words, chunk_scales=chunk_words // 8, CHUNKS=chunks, LAYOUT=config.get("LAYOUT", 0),
-        SWIZZLE_WORDS=config.get("SWIZZLE_WORDS", 0),
     )  # fmt: skip
 
 
