@@ -16,7 +16,8 @@ reference first, weights in ``ring_layout``: the H200's tuned choice for the sha
 (``bench/tuning``), else the best offered ``mma_gluon`` 4-stage config, against those.
 
 ``python3 bench/probe_wgmma_tokens.py OUT.json [SHAPE ...]`` with flashrt importable
-(``bench/gpu_run.sh``).
+(``bench/gpu_run.sh``). Every variant builds for sm_90 with Triton 3.6 and 3.9, no spills; not
+yet run on a GPU (none could be started for the rest of the session that wrote it).
 """
 
 import functools

@@ -384,7 +384,7 @@ def builds() -> Iterator[Build]:
             warps = cfg["WARPS_N"] * cfg["WARPS_K"]
             yield from unique(Build("linear_gemv_gluon", fn, sig, consts, warps, 1))
         for cfg, layout in product(linear_mma_gluon.configs(m, 4096, 4096), linear_mma_gluon.LAYOUTS):
-            consts = {"HAS_BIAS": False, "CHUNKS": 1, "LAYOUT": layout, "SWIZZLE_WORDS": 0} | cfg
+            consts = {"HAS_BIAS": False, "CHUNKS": 1, "LAYOUT": layout} | cfg
             sig, consts = _split_build(_MMA_GLUON_SIG, consts, cfg.get("SPLIT_K", 1))
             fn = linear_mma_gluon.nvfp4_linear_mma_gluon_kernel
             yield from unique(Build("linear_mma_gluon", fn, sig, consts, cfg["WARPS"], 1))
