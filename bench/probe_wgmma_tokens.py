@@ -16,8 +16,11 @@ reference first, weights in ``ring_layout``: the H200's tuned choice for the sha
 (``bench/tuning``), else the best offered ``mma_gluon`` 4-stage config, against those.
 
 ``python3 bench/probe_wgmma_tokens.py OUT.json [SHAPE ...]`` with flashrt importable
-(``bench/gpu_run.sh``). Every variant builds for sm_90 with Triton 3.6 and 3.9, no spills; not
-yet run on a GPU (none could be started for the rest of the session that wrote it).
+(``bench/gpu_run.sh``).
+
+Answer, H200 at ad512bb (``h200-probe-wgmma-tokens-ad512bb.json``, cut by its deadline after
+qkv): no at 8 and 16 tokens (0.81-0.91x the ring form), yes at 32 for gate_up (36.40 against
+40.18 us) and even for qkv (13.75 against 13.88): the form offers a 32-token tile at 17-32.
 """
 
 import functools

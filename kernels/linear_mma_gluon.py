@@ -376,7 +376,7 @@ def _ring_product(
     # memory phase (4 quarters x 2 tokens) read 8 different banks.
     SWIZZLED: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, order=[1, 0])
 
-    words_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 4 * V], PLAIN)
+    words_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 4 * V], words_shared_layout())
     scales_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 4], PLAIN)
     x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, 4 * BLOCK_M, 8 * V], SWIZZLED)
     _prime(
@@ -411,6 +411,20 @@ def _ring_product(
         acc = mma_v2(a, b, acc)
     async_copy.wait_group(0)
     return acc
+
+
+@gluon.constexpr_function
+def words_shared_layout():
+    """The ring's weight words in shared memory, each row's 16-byte chunks XOR-ed with the row.
+    A thread reads 32 bytes of a row, its quad the row's 128, lanes 4 apart the next row: stored
+    as copied, the two rows of a 16-byte load's 8-lane phase sit in the same 16 banks and every
+    load takes two wavefronts; swizzled they cover all 32 (the copies in are a row a phase
+    either way). H200, the same tuned configs (``bench/probe_swizzle_words.py`` on branch
+    ``swizzle-probe``, ``h200-probe-swizzle-words-ad512bb.json``): 1.03-1.04x faster at 8 and 16
+    tokens on Llama's gate_up, down and a 151936 x 2048 LM head, 0.99-1.05x at one token; the
+    ``wgmma`` form, timed the same way at 128 tokens, gained nothing (0.99-1.01x) and keeps its
+    rows as copied."""
+    return gl.SwizzledSharedLayout(4, 1, 8, order=[1, 0])
 
 
 @gluon.constexpr_function

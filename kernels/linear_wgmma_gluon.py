@@ -226,8 +226,12 @@ def ring_bytes(config: dict) -> int:
 def configs(m: int, n: int, k: int) -> list[dict]:
     """Candidates for one shape.
 
-    BLOCK_M, the token tile, is wgmma's N: 64, or 128 past 64 tokens (the accumulator is
-    ``BLOCK_M / 2`` fp32 registers a thread a row tile). One or two warpgroups of one or two
+    BLOCK_M, the token tile, is wgmma's N: 32 or 64 to 32 tokens, 64 to 64, 64 or 128 past
+    that (the accumulator is ``BLOCK_M / 2`` fp32 registers a thread a row tile). H200, 32
+    tokens (``bench/probe_wgmma_tokens.py``, ``h200-probe-wgmma-tokens-ad512bb.json``): a
+    32-token tile ran Llama's gate_up in 36.4 us against 40.2 for the best of the ring form and
+    the 64-token tile, qkv 13.75 against 13.88; tiles of 8 and 16 at 8 and 16 tokens lost to the
+    ring form by 9-19%, which is why the form starts at 17. One or two warpgroups of one or two
     row tiles: 64-256 weight rows a program. That is the lever here, since every program reads
     the whole activation step from L2 for its rows: at 128 tokens and 128 rows, 3.6 bytes of
     activations for every byte of weight. STAGES 2-3 (a 128-token step is 64 KiB of ring).
@@ -238,7 +242,7 @@ def configs(m: int, n: int, k: int) -> list[dict]:
     if interpreted() or k % BLOCK_K or not MIN_TOKENS <= m <= MAX_TOKENS:
         return []
     out = []
-    for block_m in (64, 128) if m > 64 else (64,):
+    for block_m in (64, 128) if m > 64 else (64,) if m > 32 else (32, 64):
         for tiles in (1, 2):
             for warps in (4, 8):
                 for stages in (2, 3):
