@@ -52,14 +52,14 @@ SHAPES = {
 DEADLINE_S = float(os.environ.get("PROBE_DEADLINE_S", "1e9"))
 
 
-def tuned(m: int, n: int, k: int) -> dict | None:
-    """The committed H200 choice for this shape in the ring layout, where it is the ring form."""
-    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuning")
+def tuned(m: int, n: int, k: int) -> tuple[str, dict] | None:
+    """The committed H200 choice for this shape in the ring layout: its form and config."""
+    root = os.path.join(os.path.dirname(os.path.realpath(__file__)), "tuning")
     for path in glob.glob(os.path.join(root, "tuning-*H200*.json")):
         with open(path) as f:
             entry = json.load(f).get(f"linear:torch.bfloat16:M{m}:N{n}:K{k}:ring")
-        if entry and entry["form"] == "mma_gluon":
-            return dict(entry["config"])
+        if entry:
+            return entry["form"], dict(entry["config"])
     return None
 
 
@@ -105,7 +105,8 @@ def main(path: str, shapes: list[str]) -> None:
                 cfg = {**c, "LAYOUT": ring_layout.RING}
                 return linear_mma_gluon.launch(x, ring, w.scales, w.global_scale, None, out, cfg, True)
 
-            choice = tuned(m, n, k)
+            form, choice = tuned(m, n, k) or (None, None)
+            choice = choice if form == "mma_gluon" else None
             baseline = [choice] if choice else [c for c in linear_mma_gluon.configs(m, n, k) if c["STAGES"] == 4]
             base = {name(c): timed(functools.partial(run, c), out, ref) | {"config": c} for c in baseline}
             warp = {name(c): timed(functools.partial(run, c), out, ref) | {"config": c} for c in variants(m, n, k)}

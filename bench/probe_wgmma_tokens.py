@@ -24,9 +24,7 @@ qkv): no at 8 and 16 tokens (0.81-0.91x the ring form), yes at 32 for gate_up (3
 """
 
 import functools
-import glob
 import json
-import os
 import sys
 import time
 
@@ -34,23 +32,12 @@ import torch
 import triton
 from flashrt.bench.kernels import provenance
 from flashrt.bench.probe_ring_depth import name, timed
-from flashrt.bench.probe_warps import SHAPES
+from flashrt.bench.probe_warps import DEADLINE_S, SHAPES, tuned
 from flashrt.bench.timing import copy_bandwidth_tbps
 from flashrt.kernels import linear_mma_gluon, linear_wgmma_gluon, nvfp4, ops, ring_layout
 from flashrt.kernels.linear_mma import split_ks
 
 FORMS = {"mma_gluon": linear_mma_gluon, "wgmma_gluon": linear_wgmma_gluon}
-DEADLINE_S = float(os.environ.get("PROBE_DEADLINE_S", "1e9"))
-
-
-def tuned(m: int, n: int, k: int) -> tuple[str, dict] | None:
-    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuning")
-    for path in glob.glob(os.path.join(root, "tuning-*H200*.json")):
-        with open(path) as f:
-            entry = json.load(f).get(f"linear:torch.bfloat16:M{m}:N{n}:K{k}:ring")
-        if entry and entry["form"] in FORMS:
-            return entry["form"], dict(entry["config"])
-    return None
 
 
 def variants(m: int, n: int, k: int) -> list[dict]:
@@ -92,7 +79,7 @@ def main(path: str, shapes: list[str]) -> None:
                 return FORMS[form].launch(x, ring, w.scales, w.global_scale, None, out, cfg, True)
 
             choice = tuned(m, n, k)
-            if choice:
+            if choice and choice[0] in FORMS:
                 baseline = [choice]
             else:
                 offered = [c for c in linear_mma_gluon.configs(m, n, k) if c["STAGES"] == 4]
@@ -105,7 +92,7 @@ def main(path: str, shapes: list[str]) -> None:
                     for c in variants(m, n, k)
                 },
             }
-            row = {"shape": shape, "N": n, "K": k, "M": m, "baseline_is_tuned": bool(choice)}
+            row = {"shape": shape, "N": n, "K": k, "M": m, "baseline_is_tuned": bool(choice and choice[0] in FORMS)}
             for arm, results in arms.items():
                 timings = ((r["us"], key) for key, r in results.items() if r["us"] is not None)
                 us, key = min(timings, default=(None, None))
