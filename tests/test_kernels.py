@@ -165,7 +165,10 @@ def test_linear_kernel_matches_reference(form, m, k, device):
     assert F.cosine_similarity(out.float().flatten(), F.linear(x, w).float().flatten(), dim=0) >= 0.99
     out_b = torch.full_like(out, float("nan"))
     mod.launch(x, q.packed, q.scales, q.global_scale, bias, out_b, config, _prmt(device))
-    torch.testing.assert_close(out_b.float(), out.float() + bias.float(), rtol=2e-2, atol=2e-2)
+    # The kernel adds the bias before its one rounding to bf16, ``out`` was rounded without it:
+    # where the bias cancels a large product the two differ by half a bf16 ulp of either.
+    rounding = 2**-8 * (out.float().abs() + out_b.float().abs())
+    assert ((out_b.float() - (out.float() + bias.float())).abs() <= 2e-2 + rounding).all()
 
 
 RING_LAYOUT_CASES = [
