@@ -79,7 +79,7 @@ def fit(points: list[tuple[float, float]]) -> dict:
     slope = sum((b - mx) * (t - my) for b, t in points) / sum((b - mx) ** 2 for b, _ in points)
     fixed = my - slope * mx
     worst = max(abs(t - fixed - slope * b) for b, t in points)
-    return {"fixed_us": fixed, "rate_TBps": 1e-6 / (slope * 1e-12) if slope > 0 else None, "worst_residual_us": worst}
+    return {"fixed_us": fixed, "rate_TBps": 1e-6 / slope if slope > 0 else None, "worst_residual_us": worst}
 
 
 def main(path: str) -> None:
