@@ -11,8 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_RESULTS = [  # every arm with vLLM's merged projections
-    ROOT / "results" / "h200-e2e-llama-6e6c1c8-b1.json",  # 6e6c1c8 (ring_layout): Llama-3-8B shape, batch 1
-    ROOT / "results" / "h200-e2e-llama-1c59e32-b8.json",  # 1c59e32: 8
+    ROOT / "results" / "h200-e2e-llama-c8820f2-b1b8.json",  # c8820f2 (ring words swizzled): Llama-3-8B shape, 1 and 8
     ROOT / "results" / "h200-e2e-qwen3-38b8a07-b1b8.json",  # 38b8a07: Qwen3-30B-A3B shape, batch 1 and 8
     ROOT / "results" / "h200-e2e-qwen3-a968c53-b16.json",  # a968c53: 16
     ROOT / "results" / "h200-e2e-qwen3-ce9be33-b1b4.json",  # ce9be33 (before ring_layout): 4
