@@ -66,6 +66,7 @@ def run_arm(arm: str, path: str) -> None:
     """One arm, every shape and token count: microseconds (``ops._time_us``)."""
     patch(arm)
     import torch
+    from flashrt.bench.probe_ring_depth import rel_err
     from flashrt.bench.probe_rows import read_us
     from flashrt.bench.probe_warps import tuned
     from flashrt.bench.timing import copy_bandwidth_tbps
@@ -90,11 +91,9 @@ def run_arm(arm: str, path: str) -> None:
             run()
             row = {"shape": shape, "N": n, "K": k, "M": m, "config": config, "us": ops._time_us(run)}
             if arm == "base":
-                ref = ops.linear_reference(x, w).float()
-                row["rel_err"] = ((out.float() - ref).norm() / ref.norm()).item()
+                row["rel_err"] = rel_err(out, ops.linear_reference(x, w))
                 if m == TOKENS[0]:
-                    words = torch.cat([w.packed.view(-1), w.scales.view(torch.uint8).view(-1)]).view(torch.int32)
-                    row["read_us"], row["read_tiling"] = read_us(words)
+                    row["read_us"], row["read_tiling"] = read_us(w)
             rows.append(row)
             print(f"{arm:9s} {shape:14s} M={m:2d} {row['us']:8.2f} us", flush=True)
     with open(path, "w") as f:

@@ -57,8 +57,9 @@ def _empty_kernel(out):
     tl.store(out + tl.program_id(0), 0)
 
 
-def read_us(words: torch.Tensor) -> tuple[float, str]:
-    """Best of ``READ_TILINGS`` reading ``words`` (int32) once."""
+def read_us(w) -> tuple[float, str]:
+    """Best of ``READ_TILINGS`` reading the bytes of NVFP4 weight ``w`` (packed and scales) once."""
+    words = torch.cat([w.packed.view(-1), w.scales.view(torch.uint8).view(-1)]).view(torch.int32)
     best = None
     for block, iters, warps in READ_TILINGS:
         programs = triton.cdiv(words.numel(), block * iters)
@@ -110,8 +111,7 @@ def main(path: str) -> None:
         ours = {name(c): timed(functools.partial(run, c), out, ref) | {"config": c} for c in offered}
         best = min((r for r in ours.values() if r["us"] is not None), key=lambda r: r["us"])
         bf16_us = ops._time_us(lambda w16=w16, x=x: F.linear(x, w16))
-        words = torch.cat([w.packed.view(-1), w.scales.view(torch.uint8).view(-1)]).view(torch.int32)
-        read, tiling = read_us(words)
+        read, tiling = read_us(w)
         row = {
             "N": n, "nvfp4_bytes": nbytes, "bf16_bytes": 2 * n * K,
             "ours_us": best["us"], "ours_config": best["config"], "bf16_us": bf16_us, "read_us": read,
@@ -126,7 +126,7 @@ def main(path: str) -> None:
             f" ({2 * n * K / bf16_us / 1e6 / copy_tbps:.2f})  x{bf16_us / best['us']:.2f}  {name(best['config'])}",
             flush=True,
         )
-        del w16, w, ring, words
+        del w16, w, ring
         with open(path, "w") as f:
             json.dump(result, f, indent=1)
     if len(result["rows"]) >= 3:

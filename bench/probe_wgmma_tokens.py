@@ -79,7 +79,8 @@ def main(path: str, shapes: list[str]) -> None:
                 return FORMS[form].launch(x, ring, w.scales, w.global_scale, None, out, cfg, True)
 
             choice = tuned(m, n, k)
-            if choice and choice[0] in FORMS:
+            is_tuned = bool(choice) and choice[0] in FORMS
+            if is_tuned:
                 baseline = [choice]
             else:
                 offered = [c for c in linear_mma_gluon.configs(m, n, k) if c["STAGES"] == 4]
@@ -92,7 +93,7 @@ def main(path: str, shapes: list[str]) -> None:
                     for c in variants(m, n, k)
                 },
             }
-            row = {"shape": shape, "N": n, "K": k, "M": m, "baseline_is_tuned": bool(choice and choice[0] in FORMS)}
+            row = {"shape": shape, "N": n, "K": k, "M": m, "baseline_is_tuned": is_tuned}
             for arm, results in arms.items():
                 timings = ((r["us"], key) for key, r in results.items() if r["us"] is not None)
                 us, key = min(timings, default=(None, None))
