@@ -2,12 +2,12 @@
 
 Triton compiles to a cubin for a GPU it does not have (``GPUTarget``), with the ptxas it ships,
 so a machine without a GPU proves that nothing offered on sm_90, sm_100, sm_110 or sm_120 fails
-to build. ``builds()`` enumerates (kernel, signature, constexprs). All of them, 563 a target
-and 607 for sm_90 (``Build.targets``: the ``wgmma`` form is sm_90's; the ring forms and the
+to build. ``builds()`` enumerates (kernel, signature, constexprs). All of them, 575 a target
+and 641 for sm_90 (``Build.targets``: the ``wgmma`` form is sm_90's; the ring forms and the
 dequant each twice, for the checkpoint's layout and ``ring_layout``'s), take about an hour of
 one CPU core for the four targets (at c866faf 341 took 34 minutes; at 6b01d1d, on sm_100, the 64
-builds of ``linear_mma`` were 266 s of 592); CI builds ``pairwise(builds())`` instead, 146 a
-target and 156 for sm_90.
+builds of ``linear_mma`` were 266 s of 592); CI builds ``pairwise(builds())`` instead, 145 a
+target and 158 for sm_90.
 """
 
 from __future__ import annotations
@@ -390,12 +390,14 @@ def builds() -> Iterator[Build]:
             yield from unique(Build("linear_mma_gluon", fn, sig, consts, cfg["WARPS"], 1))
         for cfg, layout in product(linear_wgmma_gluon.configs(m, 4096, 4096), linear_wgmma_gluon.LAYOUTS):
             sig, consts = _split_build(
-                _GEMV_GLUON_SIG, {"HAS_BIAS": False, "LAYOUT": layout} | cfg, cfg.get("SPLIT_K", 1)
+                _GEMV_GLUON_SIG,
+                {"HAS_BIAS": False, "LAYOUT": layout, "PDL": linear_wgmma_gluon.PDL_CHAIN} | cfg,
+                cfg.get("SPLIT_K", 1),
             )
             fn = linear_wgmma_gluon.nvfp4_linear_wgmma_gluon_kernel
             yield from unique(Build("linear_wgmma_gluon", fn, sig, consts, cfg["WARPS"], 1, (90,)))
-    for layout in linear_wgmma_gluon.LAYOUTS:
-        consts = {"ROWS": permute_steps.ROWS, "V": permute_steps.V, "LAYOUT": layout}
+    for layout, pdl in product(linear_wgmma_gluon.LAYOUTS, (False, True)):
+        consts = {"ROWS": permute_steps.ROWS, "V": permute_steps.V, "LAYOUT": layout, "PDL": pdl}
         fn = permute_steps.permute_steps_kernel
         yield from unique(Build("permute_steps", fn, _with_constexprs(_PERMUTE_SIG, consts), consts, 4, 1, (90,)))
     for t in _TOKENS:
@@ -421,10 +423,10 @@ def builds() -> Iterator[Build]:
                     1,
                 )
             )
-    for (has_scale, has_bias), block in product(
-        ((True, False), (True, True), (False, False)), linear_mma.REDUCE_BLOCKS
+    for (has_scale, has_bias), block, pdl in product(
+        ((True, False), (True, True), (False, False)), linear_mma.REDUCE_BLOCKS, (False, True)
     ):
-        consts = {"SPLIT_K": 4, "HAS_SCALE": has_scale, "HAS_BIAS": has_bias, "BLOCK": block}
+        consts = {"SPLIT_K": 4, "HAS_SCALE": has_scale, "HAS_BIAS": has_bias, "BLOCK": block, "PDL": pdl}
         fn = linear_mma.splitk_reduce_kernel
         yield from unique(Build("splitk_reduce", fn, _with_constexprs(_SPLITK_REDUCE_SIG, consts), consts, 4, 1))
     dequants = linear_dequant.configs(linear_dequant.MIN_ROWS, 4096, 4096)

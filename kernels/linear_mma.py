@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 from flashrt.kernels.decode import dot, interpreted, k_mask, load_nvfp4_halves
+from triton.language.extra.cuda import gdc_wait
 
 
 @triton.jit
@@ -105,7 +106,10 @@ def splitk_reduce_kernel(
     HAS_SCALE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # launched with PDL: the partials are read only once the kernel that writes them is done
+        gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
@@ -140,16 +144,22 @@ def split_target(out: torch.Tensor, split: int) -> torch.Tensor:
 
 
 def reduce_splits(
-    partials: torch.Tensor, global_scale: torch.Tensor | None, bias: torch.Tensor | None, out: torch.Tensor
+    partials: torch.Tensor,
+    global_scale: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    pdl: bool = False,
 ) -> None:
     """``out = sum of partials in split order * global_scale + bias``: one launch, deterministic.
-    No global scale: the partials carry theirs (the ring expert downs fold them into h)."""
+    No global scale: the partials carry theirs (the ring expert downs fold them into h). ``pdl``:
+    launched to start while the kernel before it finishes (one that lets it:
+    ``gdc_launch_dependents``), waiting for it before the first load."""
     split, m, n = partials.shape
     block = reduce_block(m, n)
     splitk_reduce_kernel[(m, triton.cdiv(n, block))](
         partials, global_scale if global_scale is not None else out, bias if bias is not None else out, out, m, n,
         out.stride(0), SPLIT_K=split, HAS_SCALE=global_scale is not None, HAS_BIAS=bias is not None,
-        BLOCK=block, num_warps=4,
+        BLOCK=block, PDL=pdl, num_warps=4, launch_pdl=pdl,
     )  # fmt: skip
 
 

@@ -59,6 +59,7 @@ from flashrt.kernels.linear_mma import reduce_splits, split_ks, split_target
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+from triton.language.extra.cuda import gdc_wait
 
 # Triton 3.6 and 3.9 name these two differently.
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
@@ -277,26 +278,61 @@ def _start(
 ):  # fmt: skip
     """Start the copies of step ``step`` into ring slot ``slot`` as one copy group, an empty one
     past the last step (the waits count groups)."""
+    _start_weights(
+        step, slot, steps, words_ring, scales_ring, words_ptr, scales_ptr, first, word_off, scale_off, walk_words,
+        walk_scales, EXPERT_STEPS,
+    )  # fmt: skip
+    _start_activations(step, slot, steps, x_ring, x_ptr, first, x_off, x_mask)
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _start_weights(
+    step, slot, steps, words_ring, scales_ring, words_ptr, scales_ptr, first, word_off, scale_off, walk_words,
+    walk_scales, EXPERT_STEPS: gl.constexpr,
+):  # fmt: skip
     if step < steps:
-        at = first + step
-        words_at, scales_at = _step_offsets(at, walk_words, walk_scales, EXPERT_STEPS)
+        words_at, scales_at = _step_offsets(first + step, walk_words, walk_scales, EXPERT_STEPS)
         _async_load(words_ring.index(slot), words_ptr + words_at + word_off)
         _async_load(scales_ring.index(slot), scales_ptr + scales_at + scale_off)
-        _async_load(x_ring.index(slot), x_ptr + at * (32 * V) + x_off, mask=x_mask)
-    async_copy.commit_group()
+
+
+@gluon.jit
+def _start_activations(step, slot, steps, x_ring, x_ptr, first, x_off, x_mask):
+    if step < steps:
+        _async_load(x_ring.index(slot), x_ptr + (first + step) * (32 * V) + x_off, mask=x_mask)
 
 
 @gluon.jit
 def _prime(
     words_ring, scales_ring, x_ring, words_ptr, scales_ptr, x_ptr, first, steps, word_off, scale_off, x_off, x_mask,
-    STAGES: gl.constexpr, walk_words=0, walk_scales=0, EXPERT_STEPS: gl.constexpr = 0,
+    STAGES: gl.constexpr, walk_words=0, walk_scales=0, EXPERT_STEPS: gl.constexpr = 0, PDL: gl.constexpr = False,
 ):  # fmt: skip
-    """Start the ring's first ``STAGES - 1`` steps."""
-    for s in gl.static_range(STAGES - 1):
-        _start(
-            s, s, steps, words_ring, scales_ring, x_ring, words_ptr, scales_ptr, x_ptr, first, word_off, scale_off,
-            x_off, x_mask, walk_words, walk_scales, EXPERT_STEPS,
-        )  # fmt: skip
+    """Start the ring's first ``STAGES - 1`` steps.
+
+    ``PDL`` (a kernel launched with ``launch_pdl`` after one that lets it start early): every
+    primed step's weights first, which no kernel writes, then ``gdc_wait`` for the kernel before
+    to finish, then the activations it wrote, step s's in copy group s (the first group also
+    holds the later steps' weights, which only lands them sooner than their own group would).
+    On the H200 the decode forms did not gain from it (85e7a7a: their projections follow
+    compiled kernels that never let them start early, and the split prologue cost ``mma_gluon``
+    50 us a Llama step), so only the ``wgmma`` form, after its own permute, is launched so."""
+    if PDL:
+        for s in gl.static_range(STAGES - 1):
+            _start_weights(
+                s, s, steps, words_ring, scales_ring, words_ptr, scales_ptr, first, word_off, scale_off, walk_words,
+                walk_scales, EXPERT_STEPS,
+            )  # fmt: skip
+        gdc_wait()
+        for s in gl.static_range(STAGES - 1):
+            _start_activations(s, s, steps, x_ring, x_ptr, first, x_off, x_mask)
+            async_copy.commit_group()
+    else:
+        for s in gl.static_range(STAGES - 1):
+            _start(
+                s, s, steps, words_ring, scales_ring, x_ring, words_ptr, scales_ptr, x_ptr, first, word_off,
+                scale_off, x_off, x_mask, walk_words, walk_scales, EXPERT_STEPS,
+            )  # fmt: skip
 
 
 @gluon.jit
@@ -606,12 +642,16 @@ def words_per_chunk(k: int, chunks: int) -> int:
     return k // 8 // chunks if chunks > 1 else 0
 
 
-def launch_ring(kernel, activations, x, packed, scales, global_scale, bias, out, config: dict, **extra) -> torch.Tensor:
+def launch_ring(
+    kernel, activations, x, packed, scales, global_scale, bias, out, config: dict, pdl: bool = False, **extra
+) -> torch.Tensor:
     """Launch a ring-form kernel (this one, ``linear_wgmma_gluon``'s) on ``activations(x)``:
     the tile grid (``CHUNKS`` rows and columns a weight row and a token where rows are cut in
     chunks), weights as int32 words, and the split-K reduce. bf16 activations only: the MMA
     multiplies bf16, and fp16 activations rounded to bf16 would lose three bits (the
-    adjudicator records the refusal)."""
+    adjudicator records the refusal). ``pdl``: the kernel and its reduce launched with PDL, each
+    to start while the kernel before it ends (the kernel's own ``PDL`` constexpr, in ``extra``,
+    makes it wait before its first activation copy)."""
     if x.dtype != torch.bfloat16:
         raise ValueError(f"x must be bfloat16 for the bf16 tensor-core form, got {x.dtype}")
     for name, t in (("packed", packed), ("scales", scales)):
@@ -646,10 +686,11 @@ def launch_ring(kernel, activations, x, packed, scales, global_scale, bias, out,
         STAGES=config["STAGES"],
         SPLIT_K=split,
         num_warps=config["WARPS"],
+        launch_pdl=pdl,
         **extra,
     )
     if split > 1:
-        reduce_splits(target, global_scale, bias, out)
+        reduce_splits(target, global_scale, bias, out, pdl)
     return out
 
 

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 from flashrt.kernels import ring_layout
 from flashrt.kernels.linear_mma_gluon import WORDS_PER_THREAD as V  # a step is 32 V elements
+from triton.language.extra.cuda import gdc_launch_dependents
 
 # Rows a program: 8 x 256 elements, 16 a thread of 4 warps. At 17 tokens a 4096-wide layer is
 # still 48 programs and a 14336-wide one 168, at 128 tokens 256 and 896. 16 rows were within
@@ -32,11 +33,23 @@ ROWS = 8
 
 @triton.jit
 def permute_steps_kernel(
-    x_ptr, out_ptr, M, stride_xm, stride_om, ROWS: tl.constexpr, V: tl.constexpr, LAYOUT: tl.constexpr
+    x_ptr,
+    out_ptr,
+    M,
+    stride_xm,
+    stride_om,
+    ROWS: tl.constexpr,
+    V: tl.constexpr,
+    LAYOUT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """``out[r, 256 s + p] = x[r, 256 s + natural(p)]`` for rows ``ROWS`` of program 0's axis and
     step s: the step's tile ``[t, v, e, q1, q0]`` permuted to ``[v, q1, q0, t, e]`` in registers;
-    for a weight in ``ring_layout`` (its pairs K-neighbours), ``[t, v, q1, q0, e]`` to the same."""
+    for a weight in ``ring_layout`` (its pairs K-neighbours), ``[t, v, q1, q0, e]`` to the same.
+    ``PDL``: the projection launched after it with PDL may start at once (it waits for this
+    kernel before it reads the activations)."""
+    if PDL:
+        gdc_launch_dependents()
     STEP: tl.constexpr = 32 * V
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     step = tl.program_id(1)
@@ -51,14 +64,16 @@ def permute_steps_kernel(
     tl.store(out_ptr + rows[:, None] * stride_om + step * STEP + cols[None, :], tile, mask=mask)
 
 
-def permute_steps(x: torch.Tensor, rows: int = ROWS, layout: int = ring_layout.CHECKPOINT) -> torch.Tensor:
+def permute_steps(
+    x: torch.Tensor, rows: int = ROWS, layout: int = ring_layout.CHECKPOINT, pdl: bool = False
+) -> torch.Tensor:
     """``x [M, K]`` (unit stride along K, K in whole 256-wide steps) in the decode's K order for a
     weight in ``layout`` (``ring_layout``), one launch (``bench/probe_permute_steps.py`` times its
-    rows a program)."""
+    rows a program); ``pdl``: a kernel launched after it with PDL may start before it ends."""
     m, k = x.shape
     out = torch.empty(m, k, dtype=x.dtype, device=x.device)
     grid = (triton.cdiv(m, rows), k // (32 * V))
-    permute_steps_kernel[grid](x, out, m, x.stride(0), out.stride(0), ROWS=rows, V=V, LAYOUT=layout, num_warps=4)
+    permute_steps_kernel[grid](x, out, m, x.stride(0), out.stride(0), ROWS=rows, V=V, LAYOUT=layout, PDL=pdl, num_warps=4)
     return out
 
 

@@ -365,6 +365,77 @@ def test_ring_launchers_hand_their_kernels_words_tiles_and_splits(monkeypatch, d
             mod.launch(x.half(), q.packed, q.scales, q.global_scale, None, out, config, False)
 
 
+def test_wgmma_form_chains_its_permute_projection_and_reduce_with_pdl(monkeypatch, device):
+    """Compiled, the permute lets the projection start early, the projection (told by its
+    ``PDL`` constexpr to wait before its activations) and its reduce are launched with PDL; the
+    decode ring form is launched as before. Interpreted (no ``griddepcontrol`` there) no link is."""
+    calls, permutes = [], []
+    monkeypatch.setattr(linear_mma_gluon, "nvfp4_linear_mma_gluon_kernel", _Recorder(calls, "mma"))
+    monkeypatch.setattr(linear_wgmma_gluon, "nvfp4_linear_wgmma_gluon_kernel", _Recorder(calls, "wgmma"))
+    monkeypatch.setattr(linear_mma, "splitk_reduce_kernel", _Recorder(calls, "reduce"))
+
+    def permute(x, layout, pdl):
+        permutes.append(pdl)
+        return permute_steps.permute_steps_reference(x, layout)
+
+    monkeypatch.setattr(linear_wgmma_gluon, "permute_steps", permute)
+    q = nvfp4.quantize(torch.randn(1000, 2048, dtype=torch.bfloat16, device=device))
+    x = torch.randn(130, 2048, dtype=torch.bfloat16, device=device)
+    out = torch.zeros(130, 1000, dtype=torch.bfloat16, device=device)
+    wgmma = {"BLOCK_M": 128, "ROW_TILES": 1, "WARPS": 8, "STAGES": 2, "SPLIT_K": 3, "ASYNC_MMA": 1}
+    for compiled in (True, False):
+        monkeypatch.setenv("TRITON_INTERPRET", "0" if compiled else "1")
+        calls.clear()
+        linear_wgmma_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, wgmma, False)
+        linear_mma_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, {**wgmma, "BLOCK_M": 32}, False)
+        (name, _, _, kwargs), (reduce, _, _, reduce_kwargs) = calls[:2]
+        assert (name, reduce) == ("wgmma", "reduce")
+        chained = compiled and linear_wgmma_gluon.PDL_CHAIN
+        assert permutes[-1] is chained and kwargs["PDL"] is chained and kwargs["launch_pdl"] is chained
+        assert reduce_kwargs["PDL"] is chained and reduce_kwargs["launch_pdl"] is chained
+        (name, _, _, kwargs), (_, _, _, reduce_kwargs) = calls[2:]
+        assert name == "mma" and "PDL" not in kwargs and kwargs["launch_pdl"] is False
+        assert reduce_kwargs["PDL"] is False and reduce_kwargs["launch_pdl"] is False
+    assert linear_wgmma_gluon.PDL_CHAIN, "the chain is what the H200 serves (see PDL_CHAIN)"
+
+
+@pytest.mark.skipif(
+    not ON_GPU or "wgmma_gluon" not in GLUON_FORMS, reason="wgmma is sm_90's: CI builds it for sm_90 only"
+)
+@pytest.mark.parametrize("split", [1, 4])
+def test_wgmma_chain_reads_what_the_launch_before_it_wrote(split, monkeypatch, device):
+    """Chained with PDL, the projection starts while its permute runs and the reduce while the
+    projection does: back to back on fresh activations each time, eagerly and replayed in a CUDA
+    graph, every output bit for bit what the unchained launches give (a read ahead of its wait
+    would see the last call's permuted activations or partials, in the blocks the allocator
+    hands out again)."""
+    n, k, m = 4096, 14336, 128
+    q = nvfp4.quantize(torch.randn(n, k, dtype=torch.bfloat16, device=device))
+    xs = [torch.randn(m, k, dtype=torch.bfloat16, device=device) for _ in range(6)]
+    config = {"BLOCK_M": 128, "ROW_TILES": 1, "WARPS": 8, "STAGES": 2, "ASYNC_MMA": 1, "SPLIT_K": split}
+
+    def run_all(chain: bool) -> list[torch.Tensor]:
+        monkeypatch.setattr(linear_wgmma_gluon, "PDL_CHAIN", chain)
+        outs = [torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device) for _ in xs]
+        for x, out in zip(xs, outs):
+            linear_wgmma_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, config, False)
+        return outs
+
+    expected = run_all(False)
+    for got, want in zip(run_all(True), expected):
+        assert torch.equal(got, want)
+    outs = [torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device) for _ in xs]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for x, out in zip(xs, outs):
+            linear_wgmma_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, config, False)
+    for out in outs:
+        out.fill_(float("nan"))
+    graph.replay()
+    for got, want in zip(outs, expected):
+        assert torch.equal(got, want)
+
+
 def test_mma_gluon_chunks_are_offered_to_few_tokens_and_launched_as_rows_and_lanes(monkeypatch, device):
     """Rows cut in chunks (``CHUNKS``): offered where the tokens times the chunks fill at most the
     MMA's 8 columns and every chunk is whole ring steps; launched as ``CHUNKS x N`` rows and
