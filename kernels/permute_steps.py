@@ -73,7 +73,9 @@ def permute_steps(
     m, k = x.shape
     out = torch.empty(m, k, dtype=x.dtype, device=x.device)
     grid = (triton.cdiv(m, rows), k // (32 * V))
-    permute_steps_kernel[grid](x, out, m, x.stride(0), out.stride(0), ROWS=rows, V=V, LAYOUT=layout, PDL=pdl, num_warps=4)
+    permute_steps_kernel[grid](
+        x, out, m, x.stride(0), out.stride(0), ROWS=rows, V=V, LAYOUT=layout, PDL=pdl, num_warps=4
+    )
     return out
 
 

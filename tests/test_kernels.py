@@ -417,22 +417,22 @@ def test_wgmma_chain_reads_what_the_launch_before_it_wrote(split, monkeypatch, d
     def run_all(chain: bool) -> list[torch.Tensor]:
         monkeypatch.setattr(linear_wgmma_gluon, "PDL_CHAIN", chain)
         outs = [torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device) for _ in xs]
-        for x, out in zip(xs, outs):
+        for x, out in zip(xs, outs, strict=True):
             linear_wgmma_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, config, False)
         return outs
 
     expected = run_all(False)
-    for got, want in zip(run_all(True), expected):
+    for got, want in zip(run_all(True), expected, strict=True):
         assert torch.equal(got, want)
     outs = [torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device) for _ in xs]
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for x, out in zip(xs, outs):
+        for x, out in zip(xs, outs, strict=True):
             linear_wgmma_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, config, False)
     for out in outs:
         out.fill_(float("nan"))
     graph.replay()
-    for got, want in zip(outs, expected):
+    for got, want in zip(outs, expected, strict=True):
         assert torch.equal(got, want)
 
 
