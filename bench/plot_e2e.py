@@ -11,9 +11,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_RESULTS = [  # every arm with vLLM's merged projections
-    ROOT / "results" / "h200-e2e-llama-c8820f2-b1b8.json",  # c8820f2 (ring words swizzled): Llama-3-8B shape, 1 and 8
-    ROOT / "results" / "h200-e2e-qwen3-38b8a07-b1b8.json",  # 38b8a07: Qwen3-30B-A3B shape, batch 1 and 8
-    ROOT / "results" / "h200-e2e-qwen3-a968c53-b16.json",  # a968c53: 16
+    ROOT / "results" / "h200-e2e-llama-0c15abf-b1.json",  # 0c15abf (prefill chained by PDL): Llama-3-8B shape, 1
+    ROOT / "results" / "h200-e2e-llama-c8820f2-b1b8.json",  # c8820f2 (ring words swizzled): 8
+    ROOT / "results" / "h200-e2e-qwen3-7011cb6-b1.json",  # 7011cb6: Qwen3-30B-A3B shape, batch 1
+    ROOT / "results" / "h200-e2e-qwen3-4140803-b8.json",  # 4140803: 8
+    ROOT / "results" / "h200-e2e-qwen3-97588c9-b16.json",  # 97588c9: 16
     ROOT / "results" / "h200-e2e-qwen3-ce9be33-b1b4.json",  # ce9be33 (before ring_layout): 4
     ROOT / "results" / "h200-e2e-qwen3-c58d18d-b32.json",  # 32 (the experts past the band)
     ROOT / "results" / "h200-e2e-llama-merged-b4.json",  # and 4, 16, 32 (d63d0e4 from here, sdpa's attention)

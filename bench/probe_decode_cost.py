@@ -21,6 +21,10 @@ Each arm compiles in a process of its own (the decode is a module constant the k
 when it compiles), with a fresh Triton cache. Weights in ``ring_layout`` as seats hold them on
 Hopper; the H200's tuned config for each shape (``bench/tuning``).
 
+H200 (4140803, ``h200-probe-decode-cost-4140803.json``): without the decode 4-14% faster
+(gate_up at one token 19.73 us against 21.95), still 20% over the read-only kernel (16.48);
+twice the decode 58% slower. So the ring, not the decode's issue, is most of the gap.
+
 ``python3 bench/probe_decode_cost.py OUT.json`` with flashrt importable (``bench/gpu_run.sh``).
 """
 

@@ -208,6 +208,9 @@ def launch(
 # 128-token prefill on the H200 (c8820f2, ``h200-e2e-llama-c8820f2-b1b8.json``) the seated
 # graph took 10.78 ms of which its kernels 9.90: 0.88 ms between kernels, 160 of whose launches
 # are these permutes (1.7 us each) and reduces (3.5 us), where cuBLAS's bf16 graph has none.
+# Chained (0c15abf, ``h200-e2e-llama-0c15abf-b1.json``): 10.57 ms, 0.61 between kernels; the four
+# projections alone, 32 layers in one graph (``bench/probe_prefill_gaps.py``, 97588c9): 187 us
+# between kernels against 215 unchained and cuBLAS's 110.
 PDL_CHAIN = True
 # The weight's bits as the checkpoint has them, or in ``ring_layout`` (its activations permuted to match).
 LAYOUTS = (ring_layout.CHECKPOINT, ring_layout.RING)
