@@ -1,0 +1,297 @@
+"""Does the one-token ring form gain from reading its weights straight into registers?
+
+``bench/probe_decode_cost.py`` (H200, 4140803): the ring form as served takes Llama's gate_up at
+one token in 21.95 us, 19.73 with its decode left out, where a kernel that only reads the same
+bytes takes 16.48. So most of what separates ours from merely reading is the ring: each thread's
+``cp.async`` copies into shared memory, the wait and the block-wide barrier a step (which Triton's
+shared-memory analysis puts back if it is left out: a probe build without ``_barrier`` kept its
+``bar.sync``), the loads back out. The read-only kernel has none of them.
+
+Here the weight words and scale words go from global memory straight into the registers of the
+threads that decode them (the ``words_layout`` of ``linear_mma_gluon``: a thread's eight words of
+a row step contiguous), ``AHEAD`` steps in flight in registers while a step is decoded, and the
+activations of a step are loaded from global memory as it starts (L1/L2: every program reads
+the same few KB; the load is under the step's decode). No shared memory and no barrier in the
+loop. The step's decode and MMA are ``_ring_product``'s, repeated here (a probe; the product
+code is untouched).
+
+For each Llama shape and the LM head at one and 16 tokens, the H200's tuned ring config
+(``bench/tuning``) run as served and the same tiling read direct, each checked against the
+reference first, then each timed as the adjudicator times (``ops._time_us``); also the direct
+form at the other warp counts, and the read-only floor of ``probe_rows``.
+
+``python3 bench/probe_direct_words.py OUT.json`` with flashrt importable (``bench/gpu_run.sh``).
+Not yet run on a GPU: built for sm_90 here.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+import triton
+from flashrt.kernels.linear_mma import reduce_splits, split_target
+from flashrt.kernels.linear_mma_gluon import (
+    V,
+    _fragment,
+    _row_offsets,
+    _scale_words,
+    _store_chunks,
+    _store_tile,
+    activations_layout,
+    few_tokens_layout,
+    mma_tokens,
+    words_layout,
+    words_per_chunk,
+)
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+SHAPES = {
+    "llama_qkv": (6144, 4096),
+    "llama_gate_up": (28672, 4096),
+    "llama_down": (4096, 14336),
+    "lm_head": (151936, 2048),
+}
+TOKENS = (1, 16)
+AHEADS = (2, 3)
+
+
+@gluon.constexpr_function
+def acts_load_layout(block_m, warps):
+    """The layout a step's activations ``[4 BLOCK_M, 8V]`` are loaded in, as ``_ring_product``
+    loads them from its ring: under 8 tokens the few-token slice every warp broadcasts."""
+    if block_m < 8:
+        return gl.SliceLayout(0, few_tokens_layout(block_m, warps))
+    return activations_layout(block_m, warps)
+
+
+@gluon.jit
+def _dim_range(n: gl.constexpr, dim: gl.constexpr, LAYOUT: gl.constexpr):
+    """``arange(n)`` along dimension ``dim`` of a 4-D ``LAYOUT``, expanded to 4-D."""
+    if dim == 0:
+        r = gl.arange(0, n, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, LAYOUT))))
+        return gl.expand_dims(gl.expand_dims(gl.expand_dims(r, 1), 2), 3)
+    elif dim == 1:
+        r = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, LAYOUT))))
+        return gl.expand_dims(gl.expand_dims(gl.expand_dims(r, 0), 2), 3)
+    elif dim == 2:
+        r = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, LAYOUT))))
+        return gl.expand_dims(gl.expand_dims(gl.expand_dims(r, 0), 1), 3)
+    else:
+        r = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, LAYOUT))))
+        return gl.expand_dims(gl.expand_dims(gl.expand_dims(r, 0), 1), 2)
+
+
+@gluon.jit
+def _load_weights(words_ptr, scales_ptr, word_off, scale_off, at):
+    """Step ``at``'s weight words and scale words, into the registers that decode them."""
+    return gl.load(words_ptr + word_off + at * (4 * V)), gl.load(scales_ptr + scale_off + at * (V // 2))
+
+
+@gluon.jit
+def _load_acts(x_ptr, x_off, x_mask, at, valid):
+    """Step ``at``'s activations; zeros for a step past the last (its weights, re-read, then add
+    nothing)."""
+    return gl.load(x_ptr + x_off + at * (32 * V), mask=x_mask & valid, other=0.0)
+
+
+@gluon.jit
+def _step_product(acc, words, scale_words, x, BLOCK_M: gl.constexpr, WARPS: gl.constexpr, LAYOUT: gl.constexpr):
+    """``_ring_product``'s step on operands already in registers."""
+    BLOCK_N: gl.constexpr = words.shape[0]
+    ROW_TILES: gl.constexpr = BLOCK_N // (16 * WARPS)
+    BLOCK_K: gl.constexpr = 32 * V
+    MMA_M: gl.constexpr = mma_tokens(BLOCK_M)
+    ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
+    A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
+    B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=ACC, k_width=2)
+    WORDS: gl.constexpr = words_layout(ROW_TILES, WARPS)
+    ACTS: gl.constexpr = activations_layout(MMA_M, WARPS)
+    scale = _scale_words(scale_words, gl.SliceLayout(3, WORDS))
+    a = _fragment(words, scale, A_OP, LAYOUT)
+    if BLOCK_M < 8:
+        FEW: gl.constexpr = few_tokens_layout(BLOCK_M, WARPS)
+        x = gl.expand_dims(x, 0)
+        x = gl.broadcast(x, gl.full([8 // BLOCK_M, 4 * BLOCK_M, 8 * V], 0, gl.bfloat16, layout=FEW))[0]
+        x = gl.convert_layout(gl.reshape(x, (32, 8 * V)), ACTS, assert_trivial=True)
+    if LAYOUT == 1:
+        x = gl.permute(gl.reshape(x, (MMA_M, 4, V, 2, 2, 2)), (2, 3, 4, 1, 5, 0))
+    else:
+        x = gl.permute(gl.reshape(x, (MMA_M, 4, V, 2, 2, 2)), (2, 4, 5, 1, 3, 0))
+    b = gl.convert_layout(gl.reshape(x, (BLOCK_K, MMA_M)), B_OP, assert_trivial=True)
+    return mma_v2(a, b, acc)
+
+
+@gluon.jit
+def direct_words_kernel(
+    x_ptr,
+    words_ptr,
+    scales_ptr,
+    global_scale_ptr,
+    bias_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_om,
+    stride_wn,
+    stride_sn,
+    chunk_words,
+    chunk_scales,
+    HAS_BIAS: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    ROW_TILES: gl.constexpr,
+    WARPS: gl.constexpr,
+    AHEAD: gl.constexpr,
+    SPLIT_K: gl.constexpr,
+    CHUNKS: gl.constexpr,
+    LAYOUT: gl.constexpr,
+):
+    """``nvfp4_linear_mma_gluon_kernel``'s tiling, chunks and splits, its weights read straight
+    into registers ``AHEAD`` (2 or 3) steps ahead; each step's activations loaded as it starts
+    (from L1 or L2, under the step's decode)."""
+    BLOCK_N: gl.constexpr = 16 * ROW_TILES * WARPS
+    BLOCK_K: gl.constexpr = 32 * V
+    MMA_M: gl.constexpr = mma_tokens(BLOCK_M)
+    ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
+    WORDS: gl.constexpr = words_layout(ROW_TILES, WARPS)
+    SCALES: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, WORDS))
+    X: gl.constexpr = acts_load_layout(BLOCK_M, WARPS)
+
+    pid_n = gl.program_id(0)
+    pid_m = gl.program_id(1)
+    pid_k = gl.program_id(2)
+
+    rows = pid_n * BLOCK_N + _dim_range(BLOCK_N, 0, WORDS)
+    word_off = _row_offsets(rows, N, stride_wn, CHUNKS, chunk_words)
+    word_off += _dim_range(4, 1, WORDS) * V + _dim_range(V // 2, 2, WORDS) * 2 + _dim_range(2, 3, WORDS)
+    sr = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, SCALES))
+    scale_off = gl.expand_dims(_row_offsets(sr, N, stride_sn, CHUNKS, chunk_scales), 1)
+    scale_off += gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, SCALES)), 0)
+
+    xr = gl.arange(0, 4 * BLOCK_M, layout=gl.SliceLayout(1, X))
+    xc = gl.arange(0, 8 * V, layout=gl.SliceLayout(0, X))
+    if CHUNKS == 1:
+        tokens = pid_m * BLOCK_M + xr // 4
+        x_off = gl.expand_dims(tokens.to(gl.int64) * stride_xm + (xr % 4) * (8 * V), 1) + gl.expand_dims(xc, 0)
+        per_split = gl.cdiv(K // BLOCK_K, SPLIT_K)
+        first = pid_k * per_split
+        steps = gl.minimum(per_split, K // BLOCK_K - first)
+    else:
+        lane = pid_m * BLOCK_M + xr // 4
+        tokens = lane // CHUNKS
+        x_off = gl.expand_dims(tokens.to(gl.int64) * stride_xm + (lane % CHUNKS) * (8 * chunk_words), 1)
+        x_off += gl.expand_dims((xr % 4) * (8 * V), 1) + gl.expand_dims(xc, 0)
+        first = 0
+        steps = K // CHUNKS // BLOCK_K
+    x_mask = gl.expand_dims(tokens < M, 1)
+    last = first + steps - 1  # weights past the end re-read the last step's: in bounds
+
+    # Unrolled by AHEAD with each buffer reloaded in place: rotating buffers through the loop
+    # cost a register move a word and two PRMTs an activation pair (sm_90 SASS of a first cut).
+    acc = gl.zeros([BLOCK_N, MMA_M], gl.float32, layout=ACC)
+    w0, s0 = _load_weights(words_ptr, scales_ptr, word_off, scale_off, first)
+    w1, s1 = _load_weights(words_ptr, scales_ptr, word_off, scale_off, gl.minimum(first + 1, last))
+    if AHEAD == 3:
+        w2, s2 = _load_weights(words_ptr, scales_ptr, word_off, scale_off, gl.minimum(first + 2, last))
+    for i in range(0, steps, AHEAD):  # steps may be 0 (a split past the end): nothing is accumulated
+        x = _load_acts(x_ptr, x_off, x_mask, first + i, i < steps)
+        acc = _step_product(acc, w0, s0, x, BLOCK_M, WARPS, LAYOUT)
+        w0, s0 = _load_weights(words_ptr, scales_ptr, word_off, scale_off, gl.minimum(first + i + AHEAD, last))
+        x = _load_acts(x_ptr, x_off, x_mask, first + i + 1, i + 1 < steps)
+        acc = _step_product(acc, w1, s1, x, BLOCK_M, WARPS, LAYOUT)
+        w1, s1 = _load_weights(words_ptr, scales_ptr, word_off, scale_off, gl.minimum(first + i + 1 + AHEAD, last))
+        if AHEAD == 3:
+            x = _load_acts(x_ptr, x_off, x_mask, first + i + 2, i + 2 < steps)
+            acc = _step_product(acc, w2, s2, x, BLOCK_M, WARPS, LAYOUT)
+            w2, s2 = _load_weights(words_ptr, scales_ptr, word_off, scale_off, gl.minimum(first + i + 2 + AHEAD, last))
+
+    if CHUNKS == 1:
+        offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
+        column = gl.arange(0, MMA_M, layout=gl.SliceLayout(0, ACC))
+        offs_m = pid_m * BLOCK_M + column
+        mask = gl.expand_dims(offs_n < N, 1) & gl.expand_dims((offs_m < M) & (column < BLOCK_M), 0)
+        _store_tile(
+            acc, offs_n, offs_m, mask, out_ptr, bias_ptr, global_scale_ptr, pid_k, M, N, stride_om, HAS_BIAS, SPLIT_K
+        )
+    else:
+        _store_chunks(
+            acc, pid_n, pid_m, out_ptr, bias_ptr, global_scale_ptr, M, N, stride_om, HAS_BIAS, BLOCK_M, CHUNKS, WARPS
+        )
+
+
+def launch(x, packed, scales, global_scale, bias, out, config: dict) -> torch.Tensor:
+    """``linear_mma_gluon.launch``'s grid and arguments for ``direct_words_kernel`` (``AHEAD``
+    in place of ``STAGES``)."""
+    m, k = x.shape
+    n = packed.shape[0]
+    chunks = config.get("CHUNKS", 1)
+    chunk_words = words_per_chunk(k, chunks)
+    block_n = 16 * config["ROW_TILES"] * config["WARPS"]
+    split = config.get("SPLIT_K", 1)
+    target = split_target(out, split)
+    grid = (triton.cdiv(chunks * n, block_n), triton.cdiv(chunks * m, config["BLOCK_M"]), split)
+    direct_words_kernel[grid](
+        x, packed.view(torch.int32), scales.view(torch.uint8).view(torch.int32), global_scale,
+        bias if bias is not None else out, target, m, n, k, x.stride(0), out.stride(0), packed.stride(0) // 4,
+        scales.stride(0) // 4, chunk_words, chunk_words // 8, HAS_BIAS=bias is not None, BLOCK_M=config["BLOCK_M"],
+        ROW_TILES=config["ROW_TILES"], WARPS=config["WARPS"], AHEAD=config["AHEAD"], SPLIT_K=split, CHUNKS=chunks,
+        LAYOUT=config.get("LAYOUT", 0), num_warps=config["WARPS"],
+    )  # fmt: skip
+    if split > 1:
+        reduce_splits(target, global_scale, bias, out)
+    return out
+
+
+def main(path: str) -> None:
+    from flashrt.bench.kernels import provenance
+    from flashrt.bench.probe_ring_depth import rel_err
+    from flashrt.bench.probe_rows import read_us
+    from flashrt.bench.probe_warps import tuned
+    from flashrt.bench.timing import copy_bandwidth_tbps
+    from flashrt.kernels import linear_mma_gluon, nvfp4, ops, ring_layout
+
+    torch.manual_seed(0)
+    result = {**provenance(), "copy_TBps": copy_bandwidth_tbps(), "rows": []}
+    for shape, (n, k) in SHAPES.items():
+        w = nvfp4.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16))
+        ring = ring_layout.pack(w.packed)
+        for m in TOKENS:
+            form, config = tuned(m, n, k) or (None, None)
+            if form != "mma_gluon":
+                continue
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            ref = ops.linear_reference(x, w)
+            cfg = {**config, "LAYOUT": ring_layout.RING}
+            operands = (x, ring, w.scales, w.global_scale, None)
+            arms = {"ring": lambda o, c=cfg, a=operands: linear_mma_gluon.launch(*a, o, c, True)}
+            for warps in sorted({cfg["WARPS"], 2, 4}):
+                for ahead in AHEADS:
+                    c = {**cfg, "WARPS": warps, "AHEAD": ahead}
+                    arms[f"direct_w{warps}_a{ahead}"] = lambda o, c=c, a=operands: launch(*a, o, c)
+            row = {"shape": shape, "N": n, "K": k, "M": m, "config": config, "arms": {}}
+            for arm, run in arms.items():
+                out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+                try:
+                    run(out)
+                    err = rel_err(out, ref)
+                    figure = {"rel_err": err}
+                    if err < 1e-2:
+                        figure["us"] = ops._time_us(lambda run=run, out=out: run(out))
+                except Exception as exc:  # one arm that fails to build or run is a finding, not the end
+                    figure = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+                row["arms"][arm] = figure
+                print(f"{shape:14s} M={m:2d} {arm:16s} {json.dumps(figure)}", flush=True)
+            if m == 1:
+                row["read_us"], row["read_tiling"] = read_us(w)
+            result["rows"].append(row)
+            with open(path, "w") as f:
+                json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
