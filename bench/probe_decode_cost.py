@@ -66,40 +66,50 @@ def patch(arm: str) -> None:
         linear_mma_gluon._DECODE_RING = gl.constexpr(decode_twice_ptx())
 
 
+def tuned_ring_cases():
+    """``(shape, weight, its bytes in ring_layout, activations, config)`` for each of ``SHAPES``
+    at each of ``TOKENS`` that the H200 serves with the ring form, in its tuned config
+    (``bench/tuning``); random operands, the same every run."""
+    import torch
+    from flashrt.bench.probe_warps import tuned
+    from flashrt.kernels import nvfp4, ring_layout
+
+    torch.manual_seed(0)
+    for shape, (n, k) in SHAPES.items():
+        w = nvfp4.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16))
+        ring = ring_layout.pack(w.packed)
+        for m in TOKENS:
+            form, config = tuned(m, n, k) or (None, None)
+            if form == "mma_gluon":
+                yield shape, w, ring, torch.randn(m, k, device="cuda", dtype=torch.bfloat16), config
+
+
 def run_arm(arm: str, path: str) -> None:
     """One arm, every shape and token count: microseconds (``ops._time_us``)."""
     patch(arm)
     import torch
     from flashrt.bench.probe_ring_depth import rel_err
     from flashrt.bench.probe_rows import read_us
-    from flashrt.bench.probe_warps import tuned
     from flashrt.bench.timing import copy_bandwidth_tbps
-    from flashrt.kernels import linear_mma_gluon, nvfp4, ops, ring_layout
+    from flashrt.kernels import linear_mma_gluon, ops, ring_layout
 
-    torch.manual_seed(0)
     rows = []
-    for shape, (n, k) in SHAPES.items():
-        w = nvfp4.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16))
-        ring = ring_layout.pack(w.packed)
-        for m in TOKENS:
-            form, config = tuned(m, n, k) or (None, None)
-            if form != "mma_gluon":
-                continue
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-            cfg = {**config, "LAYOUT": ring_layout.RING}
+    for shape, w, ring, x, config in tuned_ring_cases():
+        (m, k), n = x.shape, w.shape[0]
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        cfg = {**config, "LAYOUT": ring_layout.RING}
 
-            def run(x=x, out=out, ring=ring, w=w, cfg=cfg):
-                return linear_mma_gluon.launch(x, ring, w.scales, w.global_scale, None, out, cfg, True)
+        def run(x=x, out=out, ring=ring, w=w, cfg=cfg):
+            return linear_mma_gluon.launch(x, ring, w.scales, w.global_scale, None, out, cfg, True)
 
-            run()
-            row = {"shape": shape, "N": n, "K": k, "M": m, "config": config, "us": ops._time_us(run)}
-            if arm == "base":
-                row["rel_err"] = rel_err(out, ops.linear_reference(x, w))
-                if m == TOKENS[0]:
-                    row["read_us"], row["read_tiling"] = read_us(w)
-            rows.append(row)
-            print(f"{arm:9s} {shape:14s} M={m:2d} {row['us']:8.2f} us", flush=True)
+        run()
+        row = {"shape": shape, "N": n, "K": k, "M": m, "config": config, "us": ops._time_us(run)}
+        if arm == "base":
+            row["rel_err"] = rel_err(out, ops.linear_reference(x, w))
+            if m == TOKENS[0]:
+                row["read_us"], row["read_tiling"] = read_us(w)
+        rows.append(row)
+        print(f"{arm:9s} {shape:14s} M={m:2d} {row['us']:8.2f} us", flush=True)
     with open(path, "w") as f:
         json.dump({"copy_TBps": copy_bandwidth_tbps() if arm == "base" else None, "rows": rows}, f)
 

@@ -34,11 +34,11 @@ import triton
 from flashrt.kernels.linear_mma import reduce_splits, split_target
 from flashrt.kernels.linear_mma_gluon import (
     V,
+    _activation_tile,
     _fragment,
     _row_offsets,
     _scale_words,
-    _store_chunks,
-    _store_tile,
+    _store_product,
     activations_layout,
     few_tokens_layout,
     mma_tokens,
@@ -49,13 +49,6 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-SHAPES = {
-    "llama_qkv": (6144, 4096),
-    "llama_gate_up": (28672, 4096),
-    "llama_down": (4096, 14336),
-    "lm_head": (151936, 2048),
-}
-TOKENS = (1, 16)
 AHEADS = (2, 3)
 
 
@@ -155,7 +148,6 @@ def direct_words_kernel(
     into registers ``AHEAD`` (2 or 3) steps ahead; each step's activations loaded as it starts
     (from L1 or L2, under the step's decode)."""
     BLOCK_N: gl.constexpr = 16 * ROW_TILES * WARPS
-    BLOCK_K: gl.constexpr = 32 * V
     MMA_M: gl.constexpr = mma_tokens(BLOCK_M)
     ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
     WORDS: gl.constexpr = words_layout(ROW_TILES, WARPS)
@@ -173,22 +165,9 @@ def direct_words_kernel(
     scale_off = gl.expand_dims(_row_offsets(sr, N, stride_sn, CHUNKS, chunk_scales), 1)
     scale_off += gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, SCALES)), 0)
 
-    xr = gl.arange(0, 4 * BLOCK_M, layout=gl.SliceLayout(1, X))
-    xc = gl.arange(0, 8 * V, layout=gl.SliceLayout(0, X))
-    if CHUNKS == 1:
-        tokens = pid_m * BLOCK_M + xr // 4
-        x_off = gl.expand_dims(tokens.to(gl.int64) * stride_xm + (xr % 4) * (8 * V), 1) + gl.expand_dims(xc, 0)
-        per_split = gl.cdiv(K // BLOCK_K, SPLIT_K)
-        first = pid_k * per_split
-        steps = gl.minimum(per_split, K // BLOCK_K - first)
-    else:
-        lane = pid_m * BLOCK_M + xr // 4
-        tokens = lane // CHUNKS
-        x_off = gl.expand_dims(tokens.to(gl.int64) * stride_xm + (lane % CHUNKS) * (8 * chunk_words), 1)
-        x_off += gl.expand_dims((xr % 4) * (8 * V), 1) + gl.expand_dims(xc, 0)
-        first = 0
-        steps = K // CHUNKS // BLOCK_K
-    x_mask = gl.expand_dims(tokens < M, 1)
+    x_off, x_mask, first, steps = _activation_tile(
+        pid_m, pid_k, M, K, stride_xm, chunk_words, X, BLOCK_M, SPLIT_K, CHUNKS
+    )
     last = first + steps - 1  # weights past the end re-read the last step's: in bounds
 
     # Unrolled by AHEAD with each buffer reloaded in place: rotating buffers through the loop
@@ -210,18 +189,10 @@ def direct_words_kernel(
             acc = _step_product(acc, w2, s2, x, BLOCK_M, WARPS, LAYOUT)
             w2, s2 = _load_weights(words_ptr, scales_ptr, word_off, scale_off, gl.minimum(first + i + 2 + AHEAD, last))
 
-    if CHUNKS == 1:
-        offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
-        column = gl.arange(0, MMA_M, layout=gl.SliceLayout(0, ACC))
-        offs_m = pid_m * BLOCK_M + column
-        mask = gl.expand_dims(offs_n < N, 1) & gl.expand_dims((offs_m < M) & (column < BLOCK_M), 0)
-        _store_tile(
-            acc, offs_n, offs_m, mask, out_ptr, bias_ptr, global_scale_ptr, pid_k, M, N, stride_om, HAS_BIAS, SPLIT_K
-        )
-    else:
-        _store_chunks(
-            acc, pid_n, pid_m, out_ptr, bias_ptr, global_scale_ptr, M, N, stride_om, HAS_BIAS, BLOCK_M, CHUNKS, WARPS
-        )
+    _store_product(
+        acc, pid_n, pid_m, pid_k, out_ptr, bias_ptr, global_scale_ptr, M, N, stride_om, HAS_BIAS, BLOCK_M, SPLIT_K,
+        CHUNKS, WARPS,
+    )  # fmt: skip
 
 
 def launch(x, packed, scales, global_scale, bias, out, config: dict) -> torch.Tensor:
@@ -249,48 +220,41 @@ def launch(x, packed, scales, global_scale, bias, out, config: dict) -> torch.Te
 
 def main(path: str) -> None:
     from flashrt.bench.kernels import provenance
+    from flashrt.bench.probe_decode_cost import tuned_ring_cases
     from flashrt.bench.probe_ring_depth import rel_err
     from flashrt.bench.probe_rows import read_us
-    from flashrt.bench.probe_warps import tuned
     from flashrt.bench.timing import copy_bandwidth_tbps
-    from flashrt.kernels import linear_mma_gluon, nvfp4, ops, ring_layout
+    from flashrt.kernels import linear_mma_gluon, ops, ring_layout
 
-    torch.manual_seed(0)
     result = {**provenance(), "copy_TBps": copy_bandwidth_tbps(), "rows": []}
-    for shape, (n, k) in SHAPES.items():
-        w = nvfp4.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16))
-        ring = ring_layout.pack(w.packed)
-        for m in TOKENS:
-            form, config = tuned(m, n, k) or (None, None)
-            if form != "mma_gluon":
-                continue
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            ref = ops.linear_reference(x, w)
-            cfg = {**config, "LAYOUT": ring_layout.RING}
-            operands = (x, ring, w.scales, w.global_scale, None)
-            arms = {"ring": lambda o, c=cfg, a=operands: linear_mma_gluon.launch(*a, o, c, True)}
-            for warps in sorted({cfg["WARPS"], 2, 4}):
-                for ahead in AHEADS:
-                    c = {**cfg, "WARPS": warps, "AHEAD": ahead}
-                    arms[f"direct_w{warps}_a{ahead}"] = lambda o, c=c, a=operands: launch(*a, o, c)
-            row = {"shape": shape, "N": n, "K": k, "M": m, "config": config, "arms": {}}
-            for arm, run in arms.items():
-                out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-                try:
-                    run(out)
-                    err = rel_err(out, ref)
-                    figure = {"rel_err": err}
-                    if err < 1e-2:
-                        figure["us"] = ops._time_us(lambda run=run, out=out: run(out))
-                except Exception as exc:  # one arm that fails to build or run is a finding, not the end
-                    figure = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-                row["arms"][arm] = figure
-                print(f"{shape:14s} M={m:2d} {arm:16s} {json.dumps(figure)}", flush=True)
-            if m == 1:
-                row["read_us"], row["read_tiling"] = read_us(w)
-            result["rows"].append(row)
-            with open(path, "w") as f:
-                json.dump(result, f, indent=1)
+    for shape, w, ring, x, config in tuned_ring_cases():
+        (m, k), n = x.shape, w.shape[0]
+        ref = ops.linear_reference(x, w)
+        cfg = {**config, "LAYOUT": ring_layout.RING}
+        operands = (x, ring, w.scales, w.global_scale, None)
+        arms = {"ring": lambda o, c=cfg, a=operands: linear_mma_gluon.launch(*a, o, c, True)}
+        for warps in sorted({cfg["WARPS"], 2, 4}):
+            for ahead in AHEADS:
+                c = {**cfg, "WARPS": warps, "AHEAD": ahead}
+                arms[f"direct_w{warps}_a{ahead}"] = lambda o, c=c, a=operands: launch(*a, o, c)
+        row = {"shape": shape, "N": n, "K": k, "M": m, "config": config, "arms": {}}
+        for arm, run in arms.items():
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+            try:
+                run(out)
+                err = rel_err(out, ref)
+                figure = {"rel_err": err}
+                if err < 1e-2:
+                    figure["us"] = ops._time_us(lambda run=run, out=out: run(out))
+            except Exception as exc:  # one arm that fails to build or run is a finding, not the end
+                figure = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            row["arms"][arm] = figure
+            print(f"{shape:14s} M={m:2d} {arm:16s} {json.dumps(figure)}", flush=True)
+        if m == 1:
+            row["read_us"], row["read_tiling"] = read_us(w)
+        result["rows"].append(row)
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":

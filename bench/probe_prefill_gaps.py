@@ -28,6 +28,7 @@ import sys
 import torch
 import torch.nn.functional as F
 from flashrt.bench.kernels import provenance
+from flashrt.bench.timing import capture
 from flashrt.kernels import linear_wgmma_gluon, nvfp4, ops
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
@@ -54,17 +55,7 @@ def measure(step, replays: int = 10) -> dict:
     device time, their count and the five largest by name."""
     from torch.profiler import ProfilerActivity, profile
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()  # tune, compile, allocate outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    graph.replay()
-    torch.cuda.synchronize()
+    graph = capture(step, step)
     times = []
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(replays):

@@ -21,23 +21,36 @@ def copies_for(nbytes: int, at_least: int = 2, at_most: int = 64) -> int:
     return max(at_least, min(at_most, -(-3 * L2_BYTES // max(nbytes, 1))))
 
 
-def graph_us(calls: list[Callable[[], object]], replays: int = 15, rounds: int = 4) -> float:
-    """Median microseconds a call, for ``calls`` (one per weight copy) captured in one graph."""
+def capture(warm: Callable[[], object], body: Callable[[], object]) -> torch.cuda.CUDAGraph:
+    """``body`` captured in a CUDA graph, after ``warm`` ran on a side stream (compile, tune and
+    allocate outside the capture), replayed once."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for fn in calls:  # warm up: compile, tune, allocate outside the capture
-            fn()
+        warm()
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
-    per_round = max(1, 64 // len(calls))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(per_round):
-            for fn in calls:
-                fn()
+        body()
     graph.replay()
     torch.cuda.synchronize()
+    return graph
+
+
+def graph_us(calls: list[Callable[[], object]], replays: int = 15, rounds: int = 4) -> float:
+    """Median microseconds a call, for ``calls`` (one per weight copy) captured in one graph."""
+    per_round = max(1, 64 // len(calls))
+
+    def each_once():
+        for fn in calls:
+            fn()
+
+    def body():
+        for _ in range(per_round):
+            each_once()
+
+    graph = capture(each_once, body)
     times = []
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(replays):

@@ -554,9 +554,6 @@ def nvfp4_linear_mma_gluon_kernel(
     LAYOUT: gl.constexpr,
 ):
     BLOCK_N: gl.constexpr = 16 * ROW_TILES * WARPS
-    BLOCK_K: gl.constexpr = 32 * V
-    MMA_M: gl.constexpr = mma_tokens(BLOCK_M)
-    ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
     SCALES: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, words_layout(ROW_TILES, WARPS)))
     WORDS_COPY: gl.constexpr = words_copy_layout(WARPS)
     ACTS_COPY: gl.constexpr = acts_copy_layout(WARPS)
@@ -565,11 +562,33 @@ def nvfp4_linear_mma_gluon_kernel(
     pid_m = gl.program_id(1)
     pid_k = gl.program_id(2)
 
-    xr = gl.arange(0, 4 * BLOCK_M, layout=gl.SliceLayout(1, ACTS_COPY))
-    xc = gl.arange(0, 8 * V, layout=gl.SliceLayout(0, ACTS_COPY))
     word_off, scale_off = _weight_offsets(
         pid_n, N, stride_wn, stride_sn, BLOCK_N, WORDS_COPY, SCALES, CHUNKS, chunk_words, chunk_scales
     )
+    x_off, x_mask, first, steps = _activation_tile(
+        pid_m, pid_k, M, K, stride_xm, chunk_words, ACTS_COPY, BLOCK_M, SPLIT_K, CHUNKS
+    )
+    acc = _ring_product(
+        x_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, first, steps, BLOCK_M, ROW_TILES, WARPS,
+        STAGES, LAYOUT=LAYOUT,
+    )  # fmt: skip
+    _store_product(
+        acc, pid_n, pid_m, pid_k, out_ptr, bias_ptr, global_scale_ptr, M, N, stride_om, HAS_BIAS, BLOCK_M, SPLIT_K,
+        CHUNKS, WARPS,
+    )  # fmt: skip
+
+
+@gluon.jit
+def _activation_tile(
+    pid_m, pid_k, M, K, stride_xm, chunk_words, LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr,
+    SPLIT_K: gl.constexpr, CHUNKS: gl.constexpr,
+):  # fmt: skip
+    """A program's activations ``[4 BLOCK_M, 8V]`` in ``LAYOUT``: their offsets and mask at
+    step 0 (row ``4 j + q``: quarter ``q`` of MMA column ``j``'s step, a token or, with rows in
+    chunks, a token's chunk), and the steps the program takes from ``first``."""
+    BLOCK_K: gl.constexpr = 32 * V
+    xr = gl.arange(0, 4 * BLOCK_M, layout=gl.SliceLayout(1, LAYOUT))
+    xc = gl.arange(0, 8 * V, layout=gl.SliceLayout(0, LAYOUT))
     if CHUNKS == 1:
         tokens = pid_m * BLOCK_M + xr // 4
         x_off = _activation_offsets(tokens, xr, xc, stride_xm)
@@ -583,12 +602,19 @@ def nvfp4_linear_mma_gluon_kernel(
         x_off += gl.expand_dims((xr % 4) * (8 * V), 1) + gl.expand_dims(xc, 0)
         first = 0
         steps = K // CHUNKS // BLOCK_K
-    x_mask = gl.expand_dims(tokens < M, 1)
-    acc = _ring_product(
-        x_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, first, steps, BLOCK_M, ROW_TILES, WARPS,
-        STAGES, LAYOUT=LAYOUT,
-    )  # fmt: skip
+    return x_off, gl.expand_dims(tokens < M, 1), first, steps
 
+
+@gluon.jit
+def _store_product(
+    acc, pid_n, pid_m, pid_k, out_ptr, bias_ptr, global_scale_ptr, M, N, stride_om, HAS_BIAS: gl.constexpr,
+    BLOCK_M: gl.constexpr, SPLIT_K: gl.constexpr, CHUNKS: gl.constexpr, WARPS: gl.constexpr,
+):  # fmt: skip
+    """A program's ``acc [BLOCK_N, max(BLOCK_M, 8)]`` into ``out``: a tile of rows and tokens
+    (``_store_tile``, fp32 partials when split) or one of chunks (``_store_chunks``)."""
+    BLOCK_N: gl.constexpr = acc.shape[0]
+    MMA_M: gl.constexpr = acc.shape[1]
+    ACC: gl.constexpr = acc.type.layout
     if CHUNKS == 1:
         offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
         column = gl.arange(0, MMA_M, layout=gl.SliceLayout(0, ACC))
