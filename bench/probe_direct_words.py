@@ -26,6 +26,7 @@ Not yet run on a GPU: built for sm_90 here.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 
@@ -221,7 +222,7 @@ def launch(x, packed, scales, global_scale, bias, out, config: dict) -> torch.Te
 def main(path: str) -> None:
     from flashrt.bench.kernels import provenance
     from flashrt.bench.probe_decode_cost import tuned_ring_cases
-    from flashrt.bench.probe_ring_depth import rel_err
+    from flashrt.bench.probe_ring_depth import timed
     from flashrt.bench.probe_rows import read_us
     from flashrt.bench.timing import copy_bandwidth_tbps
     from flashrt.kernels import linear_mma_gluon, ops, ring_layout
@@ -238,17 +239,9 @@ def main(path: str) -> None:
                 c = {**cfg, "WARPS": warps, "AHEAD": ahead}
                 arms[f"direct_w{warps}_a{ahead}"] = lambda o, c=c, a=operands: launch(*a, o, c)
         row = {"shape": shape, "N": n, "K": k, "M": m, "config": config, "arms": {}}
+        out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
         for arm, run in arms.items():
-            out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-            try:
-                run(out)
-                err = rel_err(out, ref)
-                figure = {"rel_err": err}
-                if err < 1e-2:
-                    figure["us"] = ops._time_us(lambda run=run, out=out: run(out))
-            except Exception as exc:  # one arm that fails to build or run is a finding, not the end
-                figure = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-            row["arms"][arm] = figure
+            row["arms"][arm] = figure = timed(functools.partial(run, out), out, ref)
             print(f"{shape:14s} M={m:2d} {arm:16s} {json.dumps(figure)}", flush=True)
         if m == 1:
             row["read_us"], row["read_tiling"] = read_us(w)
