@@ -12,8 +12,8 @@ threads that decode them (the ``words_layout`` of ``linear_mma_gluon``: a thread
 a row step contiguous), ``AHEAD`` steps in flight in registers while a step is decoded, and the
 activations of a step are loaded from global memory as it starts (L1/L2: every program reads
 the same few KB; the load is under the step's decode). No shared memory and no barrier in the
-loop. The step's decode and MMA are ``_ring_product``'s, repeated here (a probe; the product
-code is untouched).
+loop. The step's decode and MMA are the ring form's (``_weights_fragment``,
+``_times_activations``).
 
 For each Llama shape and the LM head at one and 16 tokens, the H200's tuned ring config
 (``bench/tuning``) run as served and the same tiling read direct, each checked against the
@@ -36,30 +36,19 @@ from flashrt.kernels.linear_mma import reduce_splits, split_target
 from flashrt.kernels.linear_mma_gluon import (
     V,
     _activation_tile,
-    _fragment,
     _row_offsets,
-    _scale_words,
     _store_product,
-    activations_layout,
-    few_tokens_layout,
+    _times_activations,
+    _weights_fragment,
+    acts_load_layout,
     mma_tokens,
     words_layout,
     words_per_chunk,
 )
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 AHEADS = (2, 3)
-
-
-@gluon.constexpr_function
-def acts_load_layout(block_m, warps):
-    """The layout a step's activations ``[4 BLOCK_M, 8V]`` are loaded in, as ``_ring_product``
-    loads them from its ring: under 8 tokens the few-token slice every warp broadcasts."""
-    if block_m < 8:
-        return gl.SliceLayout(0, few_tokens_layout(block_m, warps))
-    return activations_layout(block_m, warps)
 
 
 @gluon.jit
@@ -90,33 +79,6 @@ def _load_acts(x_ptr, x_off, x_mask, at, valid):
     """Step ``at``'s activations; zeros for a step past the last (its weights, re-read, then add
     nothing)."""
     return gl.load(x_ptr + x_off + at * (32 * V), mask=x_mask & valid, other=0.0)
-
-
-@gluon.jit
-def _step_product(acc, words, scale_words, x, BLOCK_M: gl.constexpr, WARPS: gl.constexpr, LAYOUT: gl.constexpr):
-    """``_ring_product``'s step on operands already in registers."""
-    BLOCK_N: gl.constexpr = words.shape[0]
-    ROW_TILES: gl.constexpr = BLOCK_N // (16 * WARPS)
-    BLOCK_K: gl.constexpr = 32 * V
-    MMA_M: gl.constexpr = mma_tokens(BLOCK_M)
-    ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
-    A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
-    B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=ACC, k_width=2)
-    WORDS: gl.constexpr = words_layout(ROW_TILES, WARPS)
-    ACTS: gl.constexpr = activations_layout(MMA_M, WARPS)
-    scale = _scale_words(scale_words, gl.SliceLayout(3, WORDS))
-    a = _fragment(words, scale, A_OP, LAYOUT)
-    if BLOCK_M < 8:
-        FEW: gl.constexpr = few_tokens_layout(BLOCK_M, WARPS)
-        x = gl.expand_dims(x, 0)
-        x = gl.broadcast(x, gl.full([8 // BLOCK_M, 4 * BLOCK_M, 8 * V], 0, gl.bfloat16, layout=FEW))[0]
-        x = gl.convert_layout(gl.reshape(x, (32, 8 * V)), ACTS, assert_trivial=True)
-    if LAYOUT == 1:
-        x = gl.permute(gl.reshape(x, (MMA_M, 4, V, 2, 2, 2)), (2, 3, 4, 1, 5, 0))
-    else:
-        x = gl.permute(gl.reshape(x, (MMA_M, 4, V, 2, 2, 2)), (2, 4, 5, 1, 3, 0))
-    b = gl.convert_layout(gl.reshape(x, (BLOCK_K, MMA_M)), B_OP, assert_trivial=True)
-    return mma_v2(a, b, acc)
 
 
 @gluon.jit
@@ -180,14 +142,14 @@ def direct_words_kernel(
         w2, s2 = _load_weights(words_ptr, scales_ptr, word_off, scale_off, gl.minimum(first + 2, last))
     for i in range(0, steps, AHEAD):  # steps may be 0 (a split past the end): nothing is accumulated
         x = _load_acts(x_ptr, x_off, x_mask, first + i, i < steps)
-        acc = _step_product(acc, w0, s0, x, BLOCK_M, WARPS, LAYOUT)
+        acc = _times_activations(acc, _weights_fragment(w0, s0, WARPS, LAYOUT), x, BLOCK_M, WARPS, LAYOUT)
         w0, s0 = _load_weights(words_ptr, scales_ptr, word_off, scale_off, gl.minimum(first + i + AHEAD, last))
         x = _load_acts(x_ptr, x_off, x_mask, first + i + 1, i + 1 < steps)
-        acc = _step_product(acc, w1, s1, x, BLOCK_M, WARPS, LAYOUT)
+        acc = _times_activations(acc, _weights_fragment(w1, s1, WARPS, LAYOUT), x, BLOCK_M, WARPS, LAYOUT)
         w1, s1 = _load_weights(words_ptr, scales_ptr, word_off, scale_off, gl.minimum(first + i + 1 + AHEAD, last))
         if AHEAD == 3:
             x = _load_acts(x_ptr, x_off, x_mask, first + i + 2, i + 2 < steps)
-            acc = _step_product(acc, w2, s2, x, BLOCK_M, WARPS, LAYOUT)
+            acc = _times_activations(acc, _weights_fragment(w2, s2, WARPS, LAYOUT), x, BLOCK_M, WARPS, LAYOUT)
             w2, s2 = _load_weights(words_ptr, scales_ptr, word_off, scale_off, gl.minimum(first + i + 2 + AHEAD, last))
 
     _store_product(

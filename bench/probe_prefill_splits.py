@@ -22,7 +22,7 @@ import sys
 
 import torch
 from flashrt.bench.kernels import provenance
-from flashrt.bench.probe_ring_depth import name, timed
+from flashrt.bench.probe_ring_depth import fastest, name, timed
 from flashrt.bench.probe_warps import SHAPES, tuned
 from flashrt.kernels import linear_mma_gluon, linear_wgmma_gluon, nvfp4, ops, ring_layout
 
@@ -63,8 +63,7 @@ def main(path: str, shapes: list[str]) -> None:
         }
         row = {"shape": shape, "N": n, "K": k, "M": m, "tuned": tuned(m, n, k)}
         for arm, results in arms.items():
-            timings = ((r["us"], key) for key, r in results.items() if r["us"] is not None)
-            row[f"{arm}_us"], row[f"{arm}_config"] = min(timings, default=(None, None))
+            row[f"{arm}_us"], row[f"{arm}_config"] = fastest(results)
             row[arm] = results
         result["rows"].append(row)
         print(

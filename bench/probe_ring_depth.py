@@ -67,6 +67,11 @@ def timed(run, out, ref) -> dict:
         return {"rel_err": None, "us": None, "error": f"{type(e).__name__}: {str(e)[:200]}"}
 
 
+def fastest(results: dict) -> tuple[float | None, str | None]:
+    """``(us, key)`` of the fastest of ``timed``'s results by key; ``(None, None)`` if none ran."""
+    return min(((r["us"], key) for key, r in results.items() if r["us"] is not None), default=(None, None))
+
+
 def dense(copy_tbps: float, rows: list, write) -> None:
     torch.manual_seed(0)
     for shape, (n, k) in SHAPES.items():

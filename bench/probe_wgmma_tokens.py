@@ -31,7 +31,7 @@ import time
 import torch
 import triton
 from flashrt.bench.kernels import provenance
-from flashrt.bench.probe_ring_depth import name, timed
+from flashrt.bench.probe_ring_depth import fastest, name, timed
 from flashrt.bench.probe_warps import DEADLINE_S, SHAPES, tuned
 from flashrt.bench.timing import copy_bandwidth_tbps
 from flashrt.kernels import linear_mma_gluon, linear_wgmma_gluon, nvfp4, ops, ring_layout
@@ -95,8 +95,7 @@ def main(path: str, shapes: list[str]) -> None:
             }
             row = {"shape": shape, "N": n, "K": k, "M": m, "baseline_is_tuned": is_tuned}
             for arm, results in arms.items():
-                timings = ((r["us"], key) for key, r in results.items() if r["us"] is not None)
-                us, key = min(timings, default=(None, None))
+                us, key = fastest(results)
                 row[f"{arm}_us"], row[f"{arm}_config"] = us, key
                 row[f"{arm}_bandwidth_frac"] = us and nbytes / (us * 1e-6) / (copy_tbps * 1e12)
                 row[arm] = results

@@ -399,14 +399,10 @@ def _ring_product(
     through the ring, along the rows or on an expert walk (``_step_offsets``). fp32, before the
     global scale and ``EPILOGUE_FACTOR``."""
     BLOCK_N: gl.constexpr = 16 * ROW_TILES * WARPS
-    BLOCK_K: gl.constexpr = 32 * V
     MMA_M: gl.constexpr = mma_tokens(BLOCK_M)
     ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
-    A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
-    B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=ACC, k_width=2)
     WORDS: gl.constexpr = words_layout(ROW_TILES, WARPS)
     SCALES: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, WORDS))  # [BLOCK_N, 4] int32: a thread's 4 bytes
-    ACTS: gl.constexpr = activations_layout(MMA_M, WARPS)
     PLAIN: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
     # 16-byte chunks of a 128-byte activation row XOR-ed with the row: the 8 lanes of a shared
     # memory phase (4 quarters x 2 tokens) read 8 different banks.
@@ -430,23 +426,53 @@ def _ring_product(
         )  # fmt: skip
         slot = i % STAGES
         words = words_ring.index(slot).reshape([BLOCK_N, 4, V // 2, 2]).load(WORDS)
-        scale = _scale_words(scales_ring.index(slot).load(SCALES), gl.SliceLayout(3, WORDS))
-        a = _fragment(words, scale, A_OP, LAYOUT)
-        if BLOCK_M < 8:
-            FEW: gl.constexpr = few_tokens_layout(BLOCK_M, WARPS)
-            x = gl.expand_dims(x_ring.index(slot).load(gl.SliceLayout(0, FEW)), 0)
-            x = gl.broadcast(x, gl.full([8 // BLOCK_M, 4 * BLOCK_M, 8 * V], 0, gl.bfloat16, layout=FEW))[0]
-            x = gl.convert_layout(gl.reshape(x, (32, 8 * V)), ACTS, assert_trivial=True)
-        else:
-            x = x_ring.index(slot).load(ACTS)
-        if LAYOUT == 1:  # ring_layout.RING: [token, t, v, q1, q0, e] -> [v, q1, q0, t, e, token]: pairs as they lie
-            x = gl.permute(gl.reshape(x, (MMA_M, 4, V, 2, 2, 2)), (2, 3, 4, 1, 5, 0))
-        else:  # [token, t, v, e, q1, q0] -> [v, q1, q0, t, e, token]: the order the pairs above took
-            x = gl.permute(gl.reshape(x, (MMA_M, 4, V, 2, 2, 2)), (2, 4, 5, 1, 3, 0))
-        b = gl.convert_layout(gl.reshape(x, (BLOCK_K, MMA_M)), B_OP, assert_trivial=True)
-        acc = mma_v2(a, b, acc)
+        a = _weights_fragment(words, scales_ring.index(slot).load(SCALES), WARPS, LAYOUT)
+        acc = _times_activations(
+            acc, a, x_ring.index(slot).load(acts_load_layout(BLOCK_M, WARPS)), BLOCK_M, WARPS, LAYOUT
+        )
     async_copy.wait_group(0)
     return acc
+
+
+@gluon.constexpr_function
+def acts_load_layout(block_m, warps):
+    """How a step's activations ``[4 BLOCK_M, 8V]`` are loaded: under 8 tokens the few-token
+    slice every warp broadcasts (``_times_activations``), else the MMA's B-fragment rows."""
+    if block_m < 8:
+        return gl.SliceLayout(0, few_tokens_layout(block_m, warps))
+    return activations_layout(block_m, warps)
+
+
+@gluon.jit
+def _weights_fragment(words, scale_words, WARPS: gl.constexpr, LAYOUT: gl.constexpr):
+    """A ring step's weight words ``[BLOCK_N, 4, V/2, 2]`` (``words_layout``) and scale words
+    ``[BLOCK_N, 4]``, decoded into the MMA's A fragment."""
+    ROW_TILES: gl.constexpr = words.shape[0] // (16 * WARPS)
+    ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
+    A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
+    scale = _scale_words(scale_words, gl.SliceLayout(3, words_layout(ROW_TILES, WARPS)))
+    return _fragment(words, scale, A_OP, LAYOUT)
+
+
+@gluon.jit
+def _times_activations(acc, a, x, BLOCK_M: gl.constexpr, WARPS: gl.constexpr, LAYOUT: gl.constexpr):
+    """``acc`` plus the A fragment ``a`` times a step's activations as loaded
+    (``acts_load_layout``), put in the order the decode made its pairs."""
+    BLOCK_K: gl.constexpr = 32 * V
+    MMA_M: gl.constexpr = mma_tokens(BLOCK_M)
+    B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=acc.type.layout, k_width=2)
+    ACTS: gl.constexpr = activations_layout(MMA_M, WARPS)
+    if BLOCK_M < 8:
+        FEW: gl.constexpr = few_tokens_layout(BLOCK_M, WARPS)
+        x = gl.expand_dims(x, 0)
+        x = gl.broadcast(x, gl.full([8 // BLOCK_M, 4 * BLOCK_M, 8 * V], 0, gl.bfloat16, layout=FEW))[0]
+        x = gl.convert_layout(gl.reshape(x, (32, 8 * V)), ACTS, assert_trivial=True)
+    if LAYOUT == 1:  # ring_layout.RING: [token, t, v, q1, q0, e] -> [v, q1, q0, t, e, token]: pairs as they lie
+        x = gl.permute(gl.reshape(x, (MMA_M, 4, V, 2, 2, 2)), (2, 3, 4, 1, 5, 0))
+    else:  # [token, t, v, e, q1, q0] -> [v, q1, q0, t, e, token]: the order the pairs above took
+        x = gl.permute(gl.reshape(x, (MMA_M, 4, V, 2, 2, 2)), (2, 4, 5, 1, 3, 0))
+    b = gl.convert_layout(gl.reshape(x, (BLOCK_K, MMA_M)), B_OP, assert_trivial=True)
+    return mma_v2(a, b, acc)
 
 
 @gluon.constexpr_function
