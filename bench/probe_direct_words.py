@@ -21,7 +21,9 @@ reference first, then each timed as the adjudicator times (``ops._time_us``); al
 form at the other warp counts, and the read-only floor of ``probe_rows``.
 
 ``python3 bench/probe_direct_words.py OUT.json`` with flashrt importable (``bench/gpu_run.sh``).
-Not yet run on a GPU: built for sm_90 here.
+H200 at 2463e7c (``h200-probe-direct-words-2463e7c.json``): the direct form lost by 2-3x at
+every shape (gate_up at one token 50.78 us against the ring's 22.53), and going three steps ahead
+lost to two: the words in flight hold the registers that would keep more warps' reads in flight.
 """
 
 from __future__ import annotations

@@ -13,7 +13,10 @@ offer (``offered``), and every unsplit one of them split in two (``split2``); th
 and the H200's tuned choice (``bench/tuning``).
 
 ``python3 bench/probe_prefill_splits.py OUT.json [SHAPE ...]`` with flashrt importable
-(``bench/gpu_run.sh``). Not yet run on a GPU.
+(``bench/gpu_run.sh``). H200 at 2463e7c (``h200-probe-prefill-splits-2463e7c.json``): o_proj
+split in two on the ``wgmma`` form 17.97 us against 20.08 offered, so that form now offers splits
+from one program an SM (``split_ks(..., least=SMS)``), and this probe's second arm finds nothing
+new for it there.
 """
 
 import functools

@@ -165,13 +165,23 @@ def reduce_splits(
 
 # Programs a launch should have at least before splitting K pays: two per SM of an H200 (132).
 MIN_PROGRAMS = 264
+# One program per SM of an H200: where the ``wgmma`` form's splits start (``split_ks``'s ``least``).
+SMS = 132
 
 
-def split_ks(programs: int, k: int, block_k: int) -> list[int]:
-    """The K splits worth offering for a launch of ``programs`` tiles: the two powers of two that
-    bring it to ``MIN_PROGRAMS`` or past, each split at least two ``block_k`` steps, at most 16."""
-    split = triton.next_power_of_2(triton.cdiv(MIN_PROGRAMS, programs))
-    return [s for s in (split, 2 * split) if 1 < s <= 16 and k >= 2 * block_k * s]
+def split_ks(programs: int, k: int, block_k: int, least: int = MIN_PROGRAMS) -> list[int]:
+    """The K splits worth offering for a launch of ``programs`` tiles: the powers of two from the
+    first that brings it to ``least`` programs to the one past the first that brings it to
+    ``MIN_PROGRAMS``, each split at least two ``block_k`` steps, at most 16.
+
+    ``least=SMS`` for the ``wgmma`` form at 17-256 tokens, whose programs hold a whole 128-token
+    step: on the H200 (``bench/probe_prefill_splits.py``, ``h200-probe-prefill-splits-2463e7c.json``)
+    Llama's 4096 x 4096 o_proj at 128 tokens ran 128 tiles split in two (256 programs of 8 steps)
+    in 17.97 us, against 20.08 for the best config offered before (split in four) and 21.11 for
+    the ring form's tuned one; the 4096 x 14336 down 45.86 against 46.41."""
+    first = triton.next_power_of_2(triton.cdiv(least, programs))
+    last = 2 * triton.next_power_of_2(triton.cdiv(MIN_PROGRAMS, programs))
+    return [s for s in (1 << e for e in range(1, 5)) if first <= s <= last and k >= 2 * block_k * s]
 
 
 def launch(

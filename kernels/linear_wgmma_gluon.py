@@ -29,7 +29,7 @@ import functools
 import torch
 import triton
 from flashrt.kernels import ring_layout
-from flashrt.kernels.linear_mma import split_ks
+from flashrt.kernels.linear_mma import SMS, split_ks
 from flashrt.kernels.linear_mma_gluon import (
     BLOCK_K,
     V,
@@ -253,7 +253,8 @@ def configs(m: int, n: int, k: int) -> list[dict]:
     row tiles: 64-256 weight rows a program. That is the lever here, since every program reads
     the whole activation step from L2 for its rows: at 128 tokens and 128 rows, 3.6 bytes of
     activations for every byte of weight. STAGES 2-3 (a 128-token step is 64 KiB of ring).
-    Split-K where the tiles make fewer than ``linear_mma.MIN_PROGRAMS`` programs.
+    Split-K where the tiles make fewer than ``linear_mma.MIN_PROGRAMS`` programs, from the split
+    that gives every SM one (``linear_mma.split_ks``).
     """
     from flashrt.kernels.decode import interpreted
 
@@ -270,5 +271,5 @@ def configs(m: int, n: int, k: int) -> list[dict]:
                     base["ASYNC_MMA"] = int(block_m * tiles < ASYNC_MMA_SPILLS)
                     out.append(base)
                     programs = triton.cdiv(n, 16 * tiles * warps) * triton.cdiv(m, block_m)
-                    out += [{**base, "SPLIT_K": s} for s in split_ks(programs, k, BLOCK_K)]
+                    out += [{**base, "SPLIT_K": s} for s in split_ks(programs, k, BLOCK_K, least=SMS)]
     return out

@@ -232,6 +232,18 @@ def test_reduce_splits_sums_in_split_order_in_blocks_that_fill_the_gpu(m, n, blo
     torch.testing.assert_close(out, (summed * scale + bias.float()).to(torch.bfloat16))
 
 
+def test_split_ks_offers_powers_of_two_from_the_least_programs_to_one_past_two_an_sm():
+    """Splits of K from the first that brings a launch to ``least`` programs (two an SM, or one
+    for the ``wgmma`` form) to the one past two an SM, each split two steps or more."""
+    sms = linear_mma.SMS
+    assert linear_mma.split_ks(128, 4096, 256) == [4, 8]
+    assert linear_mma.split_ks(128, 4096, 256, least=sms) == [2, 4, 8], "o_proj's 128 tiles at 128 tokens"
+    assert linear_mma.split_ks(192, 4096, 256, least=sms) == [2, 4], "192 tiles already give every SM one"
+    assert linear_mma.split_ks(64, 4096, 256, least=sms) == [4, 8], "16 would leave one step a split"
+    assert linear_mma.split_ks(300, 4096, 256, least=sms) == [2]
+    assert linear_mma.split_ks(64, 2048, 256) == [], "8 steps split no further than 4"
+
+
 @pytest.mark.skipif(not ON_GPU, reason="Gluon has no interpreter: CI builds it and checks its decoder")
 @pytest.mark.parametrize(
     ("m", "k", "split", "stages", "block_m"),
