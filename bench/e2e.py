@@ -353,8 +353,26 @@ def measure(model, compiled, prompt: torch.Tensor, profile_kinds: bool = False) 
     return figures
 
 
+def busy_and_idle(intervals: list[tuple[float, float]]) -> tuple[float, float]:
+    """Of the span from the first start to the last end: the time some kernel ran, and the time
+    none did. Kernels that overlap (a PDL launch waiting in its prologue, cuBLAS's own early
+    launches) count once, so the idle time is what launches and dependencies cost the GPU."""
+    busy, end = 0.0, None
+    for start, stop in sorted(intervals):
+        if end is None or start > end:
+            busy += stop - start
+            end = stop
+        elif stop > end:
+            busy += stop - end
+            end = stop
+    span = max(stop for _, stop in intervals) - min(start for start, _ in intervals) if intervals else 0.0
+    return busy, span - busy
+
+
 def _kernel_breakdown(graph: torch.cuda.CUDAGraph, replays: int = WARM_STEPS) -> list[dict]:
-    """Device time a step by kernel name (top 25), from the profiler over graph replays."""
+    """Device time and launches a step by kernel name (top 25), from the profiler over graph
+    replays; the ``all`` row adds the time some kernel ran and the time none did (the replays
+    run back to back, so the gaps between them count too)."""
     from torch.profiler import ProfilerActivity, profile
 
     try:
@@ -363,12 +381,25 @@ def _kernel_breakdown(graph: torch.cuda.CUDAGraph, replays: int = WARM_STEPS) ->
                 graph.replay()
             torch.cuda.synchronize()
         totals: dict[str, float] = {}
+        calls: dict[str, int] = {}
+        intervals = []
         for event in prof.events():
             if event.device_type == torch.autograd.DeviceType.CUDA:
                 totals[event.name] = totals.get(event.name, 0.0) + event.device_time / replays
+                calls[event.name] = calls.get(event.name, 0) + 1
+                intervals.append((event.time_range.start, event.time_range.end))
         ranked = sorted(totals.items(), key=lambda kv: -kv[1])
-        return [{"kernel": name[:120], "us_per_step": us} for name, us in ranked[:25]] + [
-            {"kernel": "all", "us_per_step": sum(totals.values())}
+        busy, idle = busy_and_idle(intervals)
+        everything = {
+            "kernel": "all",
+            "us_per_step": sum(totals.values()),
+            "calls_per_step": sum(calls.values()) / replays,
+            "busy_us_per_step": busy / replays,
+            "idle_us_per_step": idle / replays,
+        }
+        return [
+            *({"kernel": k[:120], "us_per_step": us, "calls_per_step": calls[k] / replays} for k, us in ranked[:25]),
+            everything,
         ]
     except Exception as exc:  # a profile is an aid to the note, never a reason to lose the run
         return [{"error": f"{type(exc).__name__}: {exc}"[:300]}]
