@@ -353,26 +353,25 @@ def measure(model, compiled, prompt: torch.Tensor, profile_kinds: bool = False) 
     return figures
 
 
-def busy_and_idle(intervals: list[tuple[float, float]]) -> tuple[float, float]:
-    """Of the span from the first start to the last end: the time some kernel ran, and the time
-    none did. Kernels that overlap (a PDL launch waiting in its prologue, cuBLAS's own early
-    launches) count once, so the idle time is what launches and dependencies cost the GPU."""
-    busy, end = 0.0, None
-    for start, stop in sorted(intervals):
-        if end is None or start > end:
-            busy += stop - start
-            end = stop
-        elif stop > end:
-            busy += stop - end
-            end = stop
-    span = max(stop for _, stop in intervals) - min(start for start, _ in intervals) if intervals else 0.0
-    return busy, span - busy
+def idle_before(intervals: list[tuple[float, float]]) -> list[float]:
+    """For each interval, in the order given, the time just before it started in which no
+    interval ran. Overlapping kernels (a PDL launch waiting in its prologue, cuBLAS's own early
+    launches) leave none, so this is what each launch and its dependency cost the GPU."""
+    idle = [0.0] * len(intervals)
+    end = None
+    for i in sorted(range(len(intervals)), key=lambda i: intervals[i]):
+        start, stop = intervals[i]
+        if end is not None and start > end:
+            idle[i] = start - end
+        end = stop if end is None else max(end, stop)
+    return idle
 
 
 def _kernel_breakdown(graph: torch.cuda.CUDAGraph, replays: int = WARM_STEPS) -> list[dict]:
-    """Device time and launches a step by kernel name (top 25), from the profiler over graph
-    replays; the ``all`` row adds the time some kernel ran and the time none did (the replays
-    run back to back, so the gaps between them count too)."""
+    """Device time, launches and the idle time just before them, a step by kernel name (the 25
+    with the most of both), from the profiler over graph replays; the ``all`` row adds the time
+    some kernel ran and the time none did (the replays run back to back, so the gaps between
+    them count too)."""
     from torch.profiler import ProfilerActivity, profile
 
     try:
@@ -380,26 +379,28 @@ def _kernel_breakdown(graph: torch.cuda.CUDAGraph, replays: int = WARM_STEPS) ->
             for _ in range(replays):
                 graph.replay()
             torch.cuda.synchronize()
-        totals: dict[str, float] = {}
-        calls: dict[str, int] = {}
-        intervals = []
-        for event in prof.events():
-            if event.device_type == torch.autograd.DeviceType.CUDA:
-                totals[event.name] = totals.get(event.name, 0.0) + event.device_time / replays
-                calls[event.name] = calls.get(event.name, 0) + 1
-                intervals.append((event.time_range.start, event.time_range.end))
-        ranked = sorted(totals.items(), key=lambda kv: -kv[1])
-        busy, idle = busy_and_idle(intervals)
-        everything = {
-            "kernel": "all",
-            "us_per_step": sum(totals.values()),
-            "calls_per_step": sum(calls.values()) / replays,
-            "busy_us_per_step": busy / replays,
-            "idle_us_per_step": idle / replays,
-        }
+        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        idle = idle_before([(e.time_range.start, e.time_range.end) for e in kernels])
+        totals: dict[str, list] = {}  # name: [device us, launches, idle us before them]
+        for event, gap in zip(kernels, idle, strict=True):
+            total = totals.setdefault(event.name, [0.0, 0, 0.0])
+            total[0] += event.device_time / replays
+            total[1] += 1 / replays
+            total[2] += gap / replays
+        ranked = sorted(totals.items(), key=lambda kv: -(kv[1][0] + kv[1][2]))  # time and idle before
+        span = max(e.time_range.end for e in kernels) - min(e.time_range.start for e in kernels)
         return [
-            *({"kernel": k[:120], "us_per_step": us, "calls_per_step": calls[k] / replays} for k, us in ranked[:25]),
-            everything,
+            *(
+                {"kernel": name[:120], "us_per_step": us, "calls_per_step": calls, "idle_before_us_per_step": gap}
+                for name, (us, calls, gap) in ranked[:25]
+            ),
+            {
+                "kernel": "all",
+                "us_per_step": sum(t[0] for t in totals.values()),
+                "calls_per_step": sum(t[1] for t in totals.values()),
+                "busy_us_per_step": (span - sum(idle)) / replays,
+                "idle_us_per_step": sum(idle) / replays,
+            },
         ]
     except Exception as exc:  # a profile is an aid to the note, never a reason to lose the run
         return [{"error": f"{type(exc).__name__}: {exc}"[:300]}]

@@ -272,8 +272,8 @@ def test_the_host_bench_times_every_arm_and_writes_its_provenance(tmp_path, caps
     assert "through both ops" in capsys.readouterr().out
 
 
-def test_busy_and_idle_counts_overlapping_kernels_once_and_the_gaps_between_them():
-    """Two kernels overlapping by 2 us (a PDL launch), a 3 us gap, one kernel inside another."""
-    assert e2e.busy_and_idle([(0.0, 5.0), (3.0, 7.0), (10.0, 20.0), (12.0, 15.0)]) == (17.0, 3.0)
-    assert e2e.busy_and_idle([(4.0, 6.0), (0.0, 1.0)]) == (3.0, 3.0), "in any order"
-    assert e2e.busy_and_idle([]) == (0.0, 0.0)
+def test_idle_before_counts_only_time_no_kernel_ran():
+    """Two kernels overlapping (a PDL launch), a 3 us gap, one kernel inside another, in any order."""
+    assert e2e.idle_before([(0.0, 5.0), (3.0, 7.0), (10.0, 20.0), (12.0, 15.0)]) == [0.0, 0.0, 3.0, 0.0]
+    assert e2e.idle_before([(12.0, 15.0), (10.0, 20.0), (0.0, 5.0), (21.0, 22.0)]) == [0.0, 5.0, 0.0, 1.0]
+    assert e2e.idle_before([]) == []
