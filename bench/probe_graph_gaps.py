@@ -1,0 +1,129 @@
+"""What makes every launch in the seated graphs wait longer?
+
+Llama-3-8B on the H200 (6de6337, ``h200-e2e-llama-6de6337-b1.json``, ``idle_before`` in its
+kernel breakdowns): in the bf16 arm's graphs a kernel starts about 0.1 us after the one before
+it ends (decode step 57 us idle in 490 launches; prefill 345 in 1627), in the seated arm's about
+0.45 (185 in 427; 886 in 1820), and not only before our kernels: the same ATen and compiled
+kernels wait 0.43-0.46 us there (the norm's ``rsqrt`` 27.9 us in 65 launches against 5.8). At
+0.1 us a launch the seated prefill would be 1.07x bf16, not 1.12x. Qwen3-30B's bf16 arm, whose
+experts are our Triton bank, waits 0.5 us a launch too.
+
+Here: 256 ATen adds in a chain, captured in one CUDA graph, and the same chain with one other
+ingredient of the seated graphs: a plain Triton kernel every 8 adds, a Gluon ring linear
+(``linear_mma_gluon``, one token) every 8, one device-to-device copy (the seated decode step has
+one), and a split-K reduce launched with PDL every 8. For each arm, the idle time before the
+adds (from the profiler, as ``bench/e2e.py``'s ``idle_before``) and the graph's replay time.
+
+``python3 bench/probe_graph_gaps.py OUT.json`` with flashrt importable (``bench/gpu_run.sh``).
+"""
+
+import json
+import statistics
+import sys
+
+import torch
+import triton
+import triton.language as tl
+from flashrt.bench.e2e import idle_before
+from flashrt.bench.kernels import provenance
+from flashrt.bench.timing import capture
+from flashrt.kernels import linear_mma, linear_mma_gluon, nvfp4, ring_layout
+
+ADDS = 256
+EVERY = 8
+ELEMENTS = 1 << 20
+# The H200's tuned ring config for a 4096 x 4096 layer at one token (bench/tuning).
+RING_CONFIG = {"BLOCK_M": 8, "CHUNKS": 8, "ROW_TILES": 1, "STAGES": 4, "WARPS": 4, "LAYOUT": 1}
+
+
+@triton.jit
+def add_one_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1.0, mask=offs < n)
+
+
+def arms() -> dict:
+    x = torch.zeros(ELEMENTS, device="cuda")
+    copy_to = torch.empty_like(x)
+    w = nvfp4.quantize(torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16))
+    ring = ring_layout.pack(w.packed)
+    acts = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(1, 4096, device="cuda", dtype=torch.bfloat16)
+    partials = torch.randn(2, 16, 4096, device="cuda")
+    summed = torch.empty(16, 4096, device="cuda", dtype=torch.bfloat16)
+
+    extras = {
+        "aten": None,
+        "triton": lambda: add_one_kernel[(triton.cdiv(ELEMENTS, 1024),)](x, ELEMENTS, BLOCK=1024),
+        "gluon_ring": lambda: linear_mma_gluon.launch(
+            acts, ring, w.scales, w.global_scale, None, out, RING_CONFIG, True
+        ),
+        "pdl_reduce": lambda: linear_mma.reduce_splits(partials, None, None, summed, pdl=True),
+    }
+
+    def chain(extra, copy=False):
+        def body():
+            if copy:
+                copy_to.copy_(x)
+            for i in range(ADDS):
+                x.add_(1.0)
+                if extra is not None and i % EVERY == EVERY - 1:
+                    extra()
+
+        return body
+
+    built = {name: chain(extra) for name, extra in extras.items()}
+    built["memcpy"] = chain(None, copy=True)
+    return built
+
+
+def measure(body, replays: int = 10) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    graph = capture(body, body)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(15):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    idle = idle_before([(e.time_range.start, e.time_range.end) for e in kernels])
+    adds = [gap for e, gap in zip(kernels, idle, strict=True) if "add" in e.name.lower() and "Functor" in e.name]
+    others = [(e.name[:60], gap) for e, gap in zip(kernels, idle, strict=True) if "Functor" not in e.name]
+    by_other: dict = {}
+    for name, gap in others:
+        by_other.setdefault(name, []).append(gap)
+    return {
+        "graph_us": statistics.median(times),
+        "launches_per_replay": len(kernels) / replays,
+        "idle_us_per_replay": sum(idle) / replays,
+        "idle_before_add_us": statistics.mean(adds),
+        "idle_before_add_median_us": statistics.median(adds),
+        "idle_before_others_us": {name: statistics.mean(gaps) for name, gaps in by_other.items()},
+    }
+
+
+def main(path: str) -> None:
+    result = {**provenance(), "adds": ADDS, "every": EVERY, "arms": {}}
+    for name, body in arms().items():
+        result["arms"][name] = measure(body)
+        row = result["arms"][name]
+        print(
+            f"{name:11s} graph {row['graph_us']:8.1f} us  launches {row['launches_per_replay']:5.0f}  "
+            f"idle {row['idle_us_per_replay']:7.1f} us  before an add {row['idle_before_add_us']:.3f} us "
+            f"(median {row['idle_before_add_median_us']:.3f})  others {row['idle_before_others_us']}",
+            flush=True,
+        )
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
