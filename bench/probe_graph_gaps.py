@@ -8,11 +8,17 @@ kernels wait 0.43-0.46 us there (the norm's ``rsqrt`` 27.9 us in 65 launches aga
 0.1 us a launch the seated prefill would be 1.07x bf16, not 1.12x. Qwen3-30B's bf16 arm, whose
 experts are our Triton bank, waits 0.5 us a launch too.
 
+What the slow graphs share: kernels of ours with more than 48 KiB of shared memory (the ring
+forms, the Triton expert bank), for which Triton's loader sets ``CU_FUNC_CACHE_PREFER_SHARED``;
+the fast one has only small Triton kernels and cuBLAS.
+
 Here: 256 ATen adds in a chain, captured in one CUDA graph, and the same chain with one other
 ingredient of the seated graphs: a plain Triton kernel every 8 adds, a Gluon ring linear
-(``linear_mma_gluon``, one token) every 8, one device-to-device copy (the seated decode step has
-one), and a split-K reduce launched with PDL every 8. For each arm, the idle time before the
-adds (from the profiler, as ``bench/e2e.py``'s ``idle_before``) and the graph's replay time.
+(``linear_mma_gluon``, one token) every 8, the same ring with its cache preference reset to
+``CU_FUNC_CACHE_PREFER_NONE``, cuBLAS bf16 on the same shape every 8, one device-to-device copy
+(the seated decode step has one), and a split-K reduce launched with PDL every 8. For each arm,
+the idle time before the adds (from the profiler, as ``bench/e2e.py``'s ``idle_before``) and the
+graph's replay time.
 
 ``python3 bench/probe_graph_gaps.py OUT.json`` with flashrt importable (``bench/gpu_run.sh``).
 """
@@ -42,6 +48,26 @@ def add_one_kernel(x_ptr, n, BLOCK: tl.constexpr):
     tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1.0, mask=offs < n)
 
 
+CU_FUNC_CACHE_PREFER_NONE = 0
+
+
+def set_cache_config(jit_function, config: int) -> int:
+    """``cuFuncSetCacheConfig`` on every loaded specialization of a Triton or Gluon kernel (Triton's
+    loader sets ``CU_FUNC_CACHE_PREFER_SHARED`` on those past 48 KiB); returns how many."""
+    import ctypes
+
+    cuda = ctypes.CDLL("libcuda.so.1")
+    done = 0
+    for cache in jit_function.device_caches.values():
+        for kernel in cache[0].values():
+            kernel._init_handles()
+            rc = cuda.cuFuncSetCacheConfig(ctypes.c_void_p(kernel.function), ctypes.c_int(config))
+            if rc != 0:
+                raise RuntimeError(f"cuFuncSetCacheConfig returned {rc}")
+            done += 1
+    return done
+
+
 def arms() -> dict:
     x = torch.zeros(ELEMENTS, device="cuda")
     copy_to = torch.empty_like(x)
@@ -52,12 +78,17 @@ def arms() -> dict:
     partials = torch.randn(2, 16, 4096, device="cuda")
     summed = torch.empty(16, 4096, device="cuda", dtype=torch.bfloat16)
 
+    dense = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+
+    def ring_linear():
+        linear_mma_gluon.launch(acts, ring, w.scales, w.global_scale, None, out, RING_CONFIG, True)
+
     extras = {
         "aten": None,
         "triton": lambda: add_one_kernel[(triton.cdiv(ELEMENTS, 1024),)](x, ELEMENTS, BLOCK=1024),
-        "gluon_ring": lambda: linear_mma_gluon.launch(
-            acts, ring, w.scales, w.global_scale, None, out, RING_CONFIG, True
-        ),
+        "gluon_ring": ring_linear,
+        "gluon_ring_prefer_none": ring_linear,  # main resets its preference first
+        "cublas": lambda: torch.mm(acts, dense.t(), out=out),
         "pdl_reduce": lambda: linear_mma.reduce_splits(partials, None, None, summed, pdl=True),
     }
 
@@ -113,6 +144,9 @@ def measure(body, replays: int = 10) -> dict:
 def main(path: str) -> None:
     result = {**provenance(), "adds": ADDS, "every": EVERY, "arms": {}}
     for name, body in arms().items():
+        if name == "gluon_ring_prefer_none":  # loaded by the "gluon_ring" arm
+            ring_kernel = linear_mma_gluon.nvfp4_linear_mma_gluon_kernel
+            result["reset"] = set_cache_config(ring_kernel, CU_FUNC_CACHE_PREFER_NONE)
         result["arms"][name] = measure(body)
         row = result["arms"][name]
         print(
