@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from flashrt.bench import decode_attention, router_topk
+from flashrt.bench import cache_preference, decode_attention, router_topk
 from flashrt.bench.kernels import provenance
 from flashrt.kernels import moe_fused, ops
 from flashrt.runtime import SeatProfile, attach
@@ -666,6 +666,7 @@ def _on_gpus(names: list[str], args, out: Path, result: dict) -> None:
     gpus = torch.cuda.device_count()
     rest = ["--layers", str(args.layers), "--batches", args.batches, "--band-batches", args.band_batches]
     rest += ["--no-compile"] if args.no_compile else []
+    rest += ["--cache-preference", args.cache_preference]
     queues = [names[i::gpus] for i in range(gpus)]
     procs = []
     for gpu, queue in enumerate(queues):
@@ -691,18 +692,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
     parser.add_argument("--band-batches", default="8,16,24,32", help="MoE band sweep: batches to measure")
     parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument(
+        "--cache-preference",
+        choices=("triton", "none"),
+        default="triton",
+        help="the L1/shared preference of Triton's kernels: as Triton loads them, or reset (bench/cache_preference.py)",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("flashrt bench e2e needs a CUDA GPU: this machine has none.")
         return 2
     torch._dynamo.config.cache_size_limit = 64
+    if args.cache_preference == "none":
+        cache_preference.reset_on_load(cache_preference.PREFER_NONE)
     import transformers
 
     result = provenance() | {
         "transformers": transformers.__version__,
         "prompt_tokens": PROMPT,
         "generated_tokens": GENERATED,
+        "cache_preference": args.cache_preference,
         "models": [],
         "rows": [],
     }

@@ -30,6 +30,7 @@ import sys
 import torch
 import triton
 import triton.language as tl
+from flashrt.bench.cache_preference import PREFER_NONE, reset_loaded
 from flashrt.bench.e2e import idle_before
 from flashrt.bench.kernels import provenance
 from flashrt.bench.timing import capture
@@ -46,26 +47,6 @@ RING_CONFIG = {"BLOCK_M": 8, "CHUNKS": 8, "ROW_TILES": 1, "STAGES": 4, "WARPS": 
 def add_one_kernel(x_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1.0, mask=offs < n)
-
-
-CU_FUNC_CACHE_PREFER_NONE = 0
-
-
-def set_cache_config(jit_function, config: int) -> int:
-    """``cuFuncSetCacheConfig`` on every loaded specialization of a Triton or Gluon kernel (Triton's
-    loader sets ``CU_FUNC_CACHE_PREFER_SHARED`` on those past 48 KiB); returns how many."""
-    import ctypes
-
-    cuda = ctypes.CDLL("libcuda.so.1")
-    done = 0
-    for cache in jit_function.device_caches.values():
-        for kernel in cache[0].values():
-            kernel._init_handles()
-            rc = cuda.cuFuncSetCacheConfig(ctypes.c_void_p(kernel.function), ctypes.c_int(config))
-            if rc != 0:
-                raise RuntimeError(f"cuFuncSetCacheConfig returned {rc}")
-            done += 1
-    return done
 
 
 def arms() -> dict:
@@ -145,8 +126,7 @@ def main(path: str) -> None:
     result = {**provenance(), "adds": ADDS, "every": EVERY, "arms": {}}
     for name, body in arms().items():
         if name == "gluon_ring_prefer_none":  # loaded by the "gluon_ring" arm
-            ring_kernel = linear_mma_gluon.nvfp4_linear_mma_gluon_kernel
-            result["reset"] = set_cache_config(ring_kernel, CU_FUNC_CACHE_PREFER_NONE)
+            result["reset"] = reset_loaded(linear_mma_gluon.nvfp4_linear_mma_gluon_kernel, PREFER_NONE)
         result["arms"][name] = measure(body)
         row = result["arms"][name]
         print(
