@@ -108,17 +108,18 @@ def measure(body, replays: int = 10) -> dict:
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     idle = idle_before([(e.time_range.start, e.time_range.end) for e in kernels])
     adds = [gap for e, gap in zip(kernels, idle, strict=True) if "add" in e.name.lower() and "Functor" in e.name]
-    others = [(e.name[:60], gap) for e, gap in zip(kernels, idle, strict=True) if "Functor" not in e.name]
-    by_other: dict = {}
-    for name, gap in others:
-        by_other.setdefault(name, []).append(gap)
+    by_other: dict = {}  # name: (idle before, device time) of each launch
+    for e, gap in zip(kernels, idle, strict=True):
+        if "Functor" not in e.name:
+            by_other.setdefault(e.name[:60], []).append((gap, e.device_time))
     return {
         "graph_us": statistics.median(times),
         "launches_per_replay": len(kernels) / replays,
         "idle_us_per_replay": sum(idle) / replays,
         "idle_before_add_us": statistics.mean(adds),
         "idle_before_add_median_us": statistics.median(adds),
-        "idle_before_others_us": {name: statistics.mean(gaps) for name, gaps in by_other.items()},
+        "idle_before_others_us": {name: statistics.mean(g for g, _ in runs) for name, runs in by_other.items()},
+        "others_us": {name: statistics.mean(t for _, t in runs) for name, runs in by_other.items()},
     }
 
 
@@ -132,7 +133,8 @@ def main(path: str) -> None:
         print(
             f"{name:11s} graph {row['graph_us']:8.1f} us  launches {row['launches_per_replay']:5.0f}  "
             f"idle {row['idle_us_per_replay']:7.1f} us  before an add {row['idle_before_add_us']:.3f} us "
-            f"(median {row['idle_before_add_median_us']:.3f})  others {row['idle_before_others_us']}",
+            f"(median {row['idle_before_add_median_us']:.3f})  others: idle {row['idle_before_others_us']} "
+            f"own {row['others_us']}",
             flush=True,
         )
     with open(path, "w") as f:
