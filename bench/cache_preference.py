@@ -1,12 +1,13 @@
 """The L1 / shared-memory preference Triton's loader gives kernels, and resetting it.
 
 Triton 3.6 (the H200's) sets ``CU_FUNC_CACHE_PREFER_SHARED`` on every kernel it loads with more
-than 48 KiB of shared memory (the ring forms, the Triton expert bank); cuBLAS and ATen kernels
-keep the driver's default. On the H200 (6de6337, ``h200-e2e-llama-6de6337-b1.json``) every launch
-in the graphs that hold such kernels waited about 0.45 us after the kernel before it, ATen's
-included, against about 0.1 in the bf16 Llama graph that holds none. Whether the preference is
-the cause is what ``bench/probe_graph_gaps.py`` and ``bench/e2e.py --cache-preference none``
-measure: both reset it to ``CU_FUNC_CACHE_PREFER_NONE``.
+than 48 KiB of shared memory (the ring forms, the Triton expert bank), and its dynamic shared
+memory limit to the device's maximum; cuBLAS and ATen kernels keep the driver's defaults. On the
+H200 (6de6337, ``h200-e2e-llama-6de6337-b1.json``) every launch in the graphs that hold such
+kernels waited about 0.45 us after the kernel before it, ATen's included, against about 0.1 in
+the bf16 Llama graph that holds none. Whether the preference is the cause is what
+``bench/probe_graph_gaps.py`` (the preference, the limit, both) and ``bench/e2e.py
+--cache-preference none`` (the preference of every Triton kernel) measure.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import functools
 
 PREFER_NONE = 0  # CU_FUNC_CACHE_PREFER_NONE
 PREFER_SHARED = 1  # CU_FUNC_CACHE_PREFER_SHARED
+MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 
 
 @functools.cache
@@ -30,16 +32,33 @@ def set_cache_config(function: int, config: int) -> None:
         raise RuntimeError(f"cuFuncSetCacheConfig({config}) returned CUresult {rc}")
 
 
+def _loaded(jit_function) -> list:
+    """Every specialization of a Triton or Gluon kernel compiled so far, loaded."""
+    kernels = [k for cache in jit_function.device_caches.values() for k in cache[0].values()]
+    for kernel in kernels:
+        kernel._init_handles()
+    return kernels
+
+
 def reset_loaded(jit_function, config: int) -> int:
-    """The preference of every specialization of a Triton or Gluon kernel loaded so far;
-    returns how many."""
-    done = 0
-    for cache in jit_function.device_caches.values():
-        for kernel in cache[0].values():
-            kernel._init_handles()
-            set_cache_config(kernel.function, config)
-            done += 1
-    return done
+    """The preference of every loaded specialization of a kernel; returns how many."""
+    kernels = _loaded(jit_function)
+    for kernel in kernels:
+        set_cache_config(kernel.function, config)
+    return len(kernels)
+
+
+def limit_loaded(jit_function) -> int:
+    """Each loaded specialization's ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`` down to
+    what it launches with (Triton's loader sets every kernel past 48 KiB to the device's
+    opt-in maximum, 227 KiB on the H200, whatever it needs); returns how many."""
+    kernels = _loaded(jit_function)
+    for kernel in kernels:
+        attribute, limit = ctypes.c_int(MAX_DYNAMIC_SHARED_SIZE_BYTES), ctypes.c_int(kernel.metadata.shared)
+        rc = _driver().cuFuncSetAttribute(ctypes.c_void_p(kernel.function), attribute, limit)
+        if rc != 0:
+            raise RuntimeError(f"cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES) returned CUresult {rc}")
+    return len(kernels)
 
 
 def reset_on_load(config: int) -> None:

@@ -15,7 +15,9 @@ the fast one has only small Triton kernels and cuBLAS.
 Here: 256 ATen adds in a chain, captured in one CUDA graph, and the same chain with one other
 ingredient of the seated graphs: a plain Triton kernel every 8 adds, a Gluon ring linear
 (``linear_mma_gluon``, one token) every 8, the same ring with its cache preference reset to
-``CU_FUNC_CACHE_PREFER_NONE``, cuBLAS bf16 on the same shape every 8, one device-to-device copy
+``CU_FUNC_CACHE_PREFER_NONE``, with its dynamic shared memory limit cut from the device's
+maximum (where Triton's loader sets it) to what it launches with, and with both, cuBLAS bf16 on
+the same shape every 8, one device-to-device copy
 (the seated decode step has one), and a split-K reduce launched with PDL every 8. For each arm,
 the idle time before the adds (from the profiler, as ``bench/e2e.py``'s ``idle_before``) and the
 graph's replay time.
@@ -30,7 +32,7 @@ import sys
 import torch
 import triton
 import triton.language as tl
-from flashrt.bench.cache_preference import PREFER_NONE, reset_loaded
+from flashrt.bench.cache_preference import PREFER_NONE, PREFER_SHARED, limit_loaded, reset_loaded
 from flashrt.bench.e2e import idle_before
 from flashrt.bench.kernels import provenance
 from flashrt.bench.timing import capture
@@ -47,6 +49,16 @@ RING_CONFIG = {"BLOCK_M": 8, "CHUNKS": 8, "ROW_TILES": 1, "STAGES": 4, "WARPS": 
 def add_one_kernel(x_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1.0, mask=offs < n)
+
+
+# What each later ring arm changes on the loaded kernel, in order (each after the one before):
+# the cache preference to the driver's default; back to Triton's, with the dynamic shared memory
+# limit down to what the kernel launches with; both.
+RING_SETTINGS = {
+    "prefer_none": lambda fn: reset_loaded(fn, PREFER_NONE),
+    "exact_smem": lambda fn: reset_loaded(fn, PREFER_SHARED) + limit_loaded(fn),
+    "prefer_none_exact_smem": lambda fn: reset_loaded(fn, PREFER_NONE),
+}
 
 
 def arms() -> dict:
@@ -68,7 +80,7 @@ def arms() -> dict:
         "aten": None,
         "triton": lambda: add_one_kernel[(triton.cdiv(ELEMENTS, 1024),)](x, ELEMENTS, BLOCK=1024),
         "gluon_ring": ring_linear,
-        "gluon_ring_prefer_none": ring_linear,  # main resets its preference first
+        **{f"gluon_ring_{setting}": ring_linear for setting in RING_SETTINGS},  # main sets each first
         "cublas": lambda: torch.mm(acts, dense.t(), out=out),
         "pdl_reduce": lambda: linear_mma.reduce_splits(partials, None, None, summed, pdl=True),
     }
@@ -125,13 +137,15 @@ def measure(body, replays: int = 10) -> dict:
 
 def main(path: str) -> None:
     result = {**provenance(), "adds": ADDS, "every": EVERY, "arms": {}}
+    ring_kernel = linear_mma_gluon.nvfp4_linear_mma_gluon_kernel
     for name, body in arms().items():
-        if name == "gluon_ring_prefer_none":  # loaded by the "gluon_ring" arm
-            result["reset"] = reset_loaded(linear_mma_gluon.nvfp4_linear_mma_gluon_kernel, PREFER_NONE)
+        setting = name.removeprefix("gluon_ring_")
+        if setting in RING_SETTINGS:  # the kernel is loaded by the "gluon_ring" arm before
+            result[f"set_{setting}"] = RING_SETTINGS[setting](ring_kernel)
         result["arms"][name] = measure(body)
         row = result["arms"][name]
         print(
-            f"{name:11s} graph {row['graph_us']:8.1f} us  launches {row['launches_per_replay']:5.0f}  "
+            f"{name:28s} graph {row['graph_us']:8.1f} us  launches {row['launches_per_replay']:5.0f}  "
             f"idle {row['idle_us_per_replay']:7.1f} us  before an add {row['idle_before_add_us']:.3f} us "
             f"(median {row['idle_before_add_median_us']:.3f})  others: idle {row['idle_before_others_us']} "
             f"own {row['others_us']}",
