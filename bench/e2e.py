@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from flashrt.bench import cache_preference, decode_attention, router_topk
 from flashrt.bench.kernels import provenance
-from flashrt.kernels import moe_fused, ops
+from flashrt.kernels import linear_mma_gluon, moe_fused, ops
 from flashrt.runtime import SeatProfile, attach
 from flashrt.runtime.profile import from_env
 from flashrt.runtime.seats import _is_expert_bank
@@ -666,7 +666,8 @@ def _on_gpus(names: list[str], args, out: Path, result: dict) -> None:
     gpus = torch.cuda.device_count()
     rest = ["--layers", str(args.layers), "--batches", args.batches, "--band-batches", args.band_batches]
     rest += ["--no-compile"] if args.no_compile else []
-    rest += ["--cache-preference", args.cache_preference]
+    rest += ["--cache-preference", args.cache_preference, "--split-sum", args.split_sum]
+    rest += ["--inductor-pdl"] if args.inductor_pdl else []
     queues = [names[i::gpus] for i in range(gpus)]
     procs = []
     for gpu, queue in enumerate(queues):
@@ -698,6 +699,19 @@ def main(argv: list[str] | None = None) -> int:
         default="triton",
         help="the L1/shared preference of Triton's kernels: as Triton loads them, or reset (bench/cache_preference.py)",
     )
+    parser.add_argument(
+        "--split-sum",
+        choices=("reduce", "fold"),
+        default="fold" if linear_mma_gluon.FOLD_SPLITS else "reduce",
+        help="how the ring forms' split-K launches sum their partials: a reduce launch after them, or "
+        "the last split of each tile (linear_mma_gluon.FOLD_SPLITS)",
+    )
+    parser.add_argument(
+        "--inductor-pdl",
+        action="store_true",
+        help="torch.compile's kernels launched with PDL (inductor's triton.enable_pdl), and the decode ring form "
+        "too (linear_mma_gluon.PDL_LAUNCH), in both arms",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -706,6 +720,15 @@ def main(argv: list[str] | None = None) -> int:
     torch._dynamo.config.cache_size_limit = 64
     if args.cache_preference == "none":
         cache_preference.reset_on_load(cache_preference.PREFER_NONE)
+    linear_mma_gluon.FOLD_SPLITS = args.split_sum == "fold"
+    if args.inductor_pdl:
+        from torch._inductor import config as inductor
+
+        if not hasattr(inductor.triton, "enable_pdl"):
+            print(f"--inductor-pdl: torch {torch.__version__}'s inductor has no triton.enable_pdl; drop the flag")
+            return 2
+        inductor.triton.enable_pdl = True
+        linear_mma_gluon.PDL_LAUNCH = True
     import transformers
 
     result = provenance() | {
@@ -713,6 +736,8 @@ def main(argv: list[str] | None = None) -> int:
         "prompt_tokens": PROMPT,
         "generated_tokens": GENERATED,
         "cache_preference": args.cache_preference,
+        "split_sum": args.split_sum,
+        "inductor_pdl": args.inductor_pdl,
         "models": [],
         "rows": [],
     }

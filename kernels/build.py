@@ -2,12 +2,13 @@
 
 Triton compiles to a cubin for a GPU it does not have (``GPUTarget``), with the ptxas it ships,
 so a machine without a GPU proves that nothing offered on sm_90, sm_100, sm_110 or sm_120 fails
-to build. ``builds()`` enumerates (kernel, signature, constexprs). All of them, 575 a target
-and 641 for sm_90 (``Build.targets``: the ``wgmma`` form is sm_90's; the ring forms and the
-dequant each twice, for the checkpoint's layout and ``ring_layout``'s), take about an hour of
-one CPU core for the four targets (at c866faf 341 took 34 minutes; at 6b01d1d, on sm_100, the 64
-builds of ``linear_mma`` were 266 s of 592); CI builds ``pairwise(builds())`` instead, 145 a
-target and 158 for sm_90.
+to build. ``builds()`` enumerates (kernel, signature, constexprs). All of them, 999 a target
+and 1117 for sm_90 (``Build.targets``: the ``wgmma`` form is sm_90's; the ring forms and the
+dequant each twice, for the checkpoint's layout and ``ring_layout``'s, the ring forms' split
+launches twice more, summed by a reduce or folded, and the decode ring form with PDL and
+without), take hours of one CPU core for the four targets (at c866faf 341 took 34 minutes; at
+6b01d1d, on sm_100, the 64 builds of ``linear_mma`` were 266 s of 592); CI builds
+``pairwise(builds())`` instead, 146 a target and 159 for sm_90.
 """
 
 from __future__ import annotations
@@ -88,7 +89,13 @@ _SPLITK_REDUCE_SIG = {
 # The Gluon forms read the weight as int32 words.
 _GEMV_GLUON_SIG = {name if name != "packed_ptr" else "words_ptr": kind for name, kind in _LINEAR_SIG.items()}
 _GEMV_GLUON_SIG["words_ptr"] = "*i32"
-_MMA_GLUON_SIG = {**_GEMV_GLUON_SIG, "chunk_words": "i32", "chunk_scales": "i32"}
+# The ring forms also take where a folded split-K launch stores its sum and its tiles' counters.
+_RING_SIG = {}
+for _name, _kind in _GEMV_GLUON_SIG.items():
+    _RING_SIG[_name] = _kind
+    if _name == "out_ptr":
+        _RING_SIG |= {"folded_ptr": "*bf16", "arrivals_ptr": "*i32"}
+_MMA_GLUON_SIG = {**_RING_SIG, "chunk_words": "i32", "chunk_scales": "i32"}
 _W4A4_SIG = {
     "xq_ptr": "*u8",
     "xs_ptr": "*u8",
@@ -355,6 +362,12 @@ def _split_build(sig: dict, consts: dict, split: int) -> tuple[dict, dict]:
     return sig, consts
 
 
+def _folds(cfg: dict) -> tuple[bool, ...]:
+    """A ring form's split launch sums its partials in a reduce launch or folded into itself
+    (``linear_mma_gluon.FOLD_SPLITS``): both build; an unsplit one has nothing to fold."""
+    return (False, True) if cfg.get("SPLIT_K", 1) > 1 else (False,)
+
+
 def builds() -> Iterator[Build]:
     seen = set()
 
@@ -384,18 +397,20 @@ def builds() -> Iterator[Build]:
             warps = cfg["WARPS_N"] * cfg["WARPS_K"]
             yield from unique(Build("linear_gemv_gluon", fn, sig, consts, warps, 1))
         for cfg, layout in product(linear_mma_gluon.configs(m, 4096, 4096), linear_mma_gluon.LAYOUTS):
-            consts = {"HAS_BIAS": False, "CHUNKS": 1, "LAYOUT": layout} | cfg
-            sig, consts = _split_build(_MMA_GLUON_SIG, consts, cfg.get("SPLIT_K", 1))
-            fn = linear_mma_gluon.nvfp4_linear_mma_gluon_kernel
-            yield from unique(Build("linear_mma_gluon", fn, sig, consts, cfg["WARPS"], 1))
+            for fold, pdl in product(_folds(cfg), (False, True)):
+                consts = {"HAS_BIAS": False, "CHUNKS": 1, "LAYOUT": layout, "FOLD": fold, "PDL": pdl} | cfg
+                sig, consts = _split_build(_MMA_GLUON_SIG, consts, cfg.get("SPLIT_K", 1))
+                fn = linear_mma_gluon.nvfp4_linear_mma_gluon_kernel
+                yield from unique(Build("linear_mma_gluon", fn, sig, consts, cfg["WARPS"], 1))
         for cfg, layout in product(linear_wgmma_gluon.configs(m, 4096, 4096), linear_wgmma_gluon.LAYOUTS):
-            sig, consts = _split_build(
-                _GEMV_GLUON_SIG,
-                {"HAS_BIAS": False, "LAYOUT": layout, "PDL": linear_wgmma_gluon.PDL_CHAIN} | cfg,
-                cfg.get("SPLIT_K", 1),
-            )
-            fn = linear_wgmma_gluon.nvfp4_linear_wgmma_gluon_kernel
-            yield from unique(Build("linear_wgmma_gluon", fn, sig, consts, cfg["WARPS"], 1, (90,)))
+            for fold in _folds(cfg):
+                sig, consts = _split_build(
+                    _RING_SIG,
+                    {"HAS_BIAS": False, "LAYOUT": layout, "PDL": linear_wgmma_gluon.PDL_CHAIN, "FOLD": fold} | cfg,
+                    cfg.get("SPLIT_K", 1),
+                )
+                fn = linear_wgmma_gluon.nvfp4_linear_wgmma_gluon_kernel
+                yield from unique(Build("linear_wgmma_gluon", fn, sig, consts, cfg["WARPS"], 1, (90,)))
     for layout, pdl in product(linear_wgmma_gluon.LAYOUTS, (False, True)):
         consts = {"ROWS": permute_steps.ROWS, "V": permute_steps.V, "LAYOUT": layout, "PDL": pdl}
         fn = permute_steps.permute_steps_kernel

@@ -24,7 +24,8 @@ Compute on the H200, 28672 x 4096 at 8 tokens: 0.45 instructions issued a cycle,
 on a load 5.2 of every 7.9 cycles, 22% occupancy for want of registers): registers bounded the
 bytes in flight, the ring does not. Same shape and GPU: 28 us at 1-8 tokens against 29-38 us
 before and cuBLAS bf16's 56-61. Layers with few rows split K (``SPLIT_K``) as ``linear_mma``
-does, and share its ordered reduce.
+does, and share its ordered reduce, or sum the partials in the last split of each tile to arrive
+(``FOLD_SPLITS``, ``_fold_splits``): the same sum, one launch fewer.
 
 At 1-4 tokens most of the MMA's 8 columns are empty, and a program walks its rows' whole K one
 step at a time. ``CHUNKS`` cuts every row in 2, 4 or 8 chunks of K: chunk ``c`` of row ``n`` is
@@ -59,7 +60,7 @@ from flashrt.kernels.linear_mma import reduce_splits, split_ks, split_target
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
-from triton.language.extra.cuda import gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 # Triton 3.6 and 3.9 name these two differently.
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
@@ -389,15 +390,43 @@ def _store_tile(
 
 
 @gluon.jit
+def _fold_splits(
+    offs_n, offs_m, mask, part_ptr, out_ptr, bias_ptr, global_scale_ptr, arrivals_ptr, tile, M, N, stride_om,
+    HAS_BIAS: gl.constexpr, SPLIT_K: gl.constexpr,
+):  # fmt: skip
+    """After a split's partial is stored: the last of a tile's ``SPLIT_K`` programs to arrive
+    sums the tile's partials and stores the output, so no reduce launch follows (``FOLD_SPLITS``).
+    The same sum as ``reduce_splits``, in split order whoever arrives last: bit-identical.
+
+    Arrival is a counter a tile, ``acq_rel`` at GPU scope after a barrier (every warp's partial
+    stored before it is counted, every other split's visible to the last one), read through L2
+    (``.cg``), and put back to zero by the last program for the next launch."""
+    _barrier()
+    arrived = gl.atomic_add(arrivals_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    if arrived == SPLIT_K - 1:
+        parts = part_ptr + gl.expand_dims(offs_m.to(gl.int64) * N, 0) + gl.expand_dims(offs_n, 1)
+        total = gl.zeros(parts.shape, gl.float32, layout=parts.type.layout)
+        for s in gl.static_range(SPLIT_K):
+            total += gl.load(parts + (s * M).to(gl.int64) * N, mask=mask, other=0.0, cache_modifier=".cg")
+        total = total * gl.load(global_scale_ptr)
+        if HAS_BIAS:
+            total += gl.expand_dims(gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(gl.float32), 1)
+        out = out_ptr + gl.expand_dims(offs_m.to(gl.int64) * stride_om, 0) + gl.expand_dims(offs_n, 1)
+        gl.store(out, total.to(out_ptr.dtype.element_ty), mask=mask)
+        gl.atomic_xchg(arrivals_ptr + tile, 0, sem="relaxed", scope="gpu")
+
+
+@gluon.jit
 def _ring_product(
     x_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, first, steps,
     BLOCK_M: gl.constexpr, ROW_TILES: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr,
-    walk_words=0, walk_scales=0, EXPERT_STEPS: gl.constexpr = 0, LAYOUT: gl.constexpr = 0,
+    walk_words=0, walk_scales=0, EXPERT_STEPS: gl.constexpr = 0, LAYOUT: gl.constexpr = 0, PDL: gl.constexpr = False,
 ):  # fmt: skip
     """``acc [BLOCK_N, max(BLOCK_M, 8)]``: the program's weight rows (``word_off``/``scale_off``
     at step 0) times its tokens (``x_off``, ``x_mask``) over ``steps`` steps from ``first``,
     through the ring, along the rows or on an expert walk (``_step_offsets``). fp32, before the
-    global scale and ``EPILOGUE_FACTOR``."""
+    global scale and ``EPILOGUE_FACTOR``. ``PDL``: launched to start while the kernel before it
+    ends (``_prime``), and letting the one after it start once every read is done."""
     BLOCK_N: gl.constexpr = 16 * ROW_TILES * WARPS
     MMA_M: gl.constexpr = mma_tokens(BLOCK_M)
     ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
@@ -413,7 +442,7 @@ def _ring_product(
     x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, 4 * BLOCK_M, 8 * V], SWIZZLED)
     _prime(
         words_ring, scales_ring, x_ring, words_ptr, scales_ptr, x_ptr, first, steps, word_off, scale_off, x_off,
-        x_mask, STAGES, walk_words, walk_scales, EXPERT_STEPS,
+        x_mask, STAGES, walk_words, walk_scales, EXPERT_STEPS, PDL,
     )  # fmt: skip
 
     acc = gl.zeros([BLOCK_N, MMA_M], gl.float32, layout=ACC)
@@ -431,6 +460,8 @@ def _ring_product(
             acc, a, x_ring.index(slot).load(acts_load_layout(BLOCK_M, WARPS)), BLOCK_M, WARPS, LAYOUT
         )
     async_copy.wait_group(0)
+    if PDL:  # every read done, after the wait: a kernel launched with PDL after this one may start
+        gdc_launch_dependents()
     return acc
 
 
@@ -557,6 +588,9 @@ def nvfp4_linear_mma_gluon_kernel(
     global_scale_ptr,
     bias_ptr,
     out_ptr,
+    # split and folded (FOLD): where the last split of a tile stores the sum, and the tiles' arrival counters
+    folded_ptr,
+    arrivals_ptr,
     # dimensions (K a multiple of BLOCK_K)
     M,
     N,
@@ -578,6 +612,8 @@ def nvfp4_linear_mma_gluon_kernel(
     SPLIT_K: gl.constexpr,
     CHUNKS: gl.constexpr,
     LAYOUT: gl.constexpr,
+    FOLD: gl.constexpr,
+    PDL: gl.constexpr,
 ):
     BLOCK_N: gl.constexpr = 16 * ROW_TILES * WARPS
     SCALES: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, words_layout(ROW_TILES, WARPS)))
@@ -596,11 +632,11 @@ def nvfp4_linear_mma_gluon_kernel(
     )
     acc = _ring_product(
         x_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, first, steps, BLOCK_M, ROW_TILES, WARPS,
-        STAGES, LAYOUT=LAYOUT,
+        STAGES, LAYOUT=LAYOUT, PDL=PDL,
     )  # fmt: skip
     _store_product(
         acc, pid_n, pid_m, pid_k, out_ptr, bias_ptr, global_scale_ptr, M, N, stride_om, HAS_BIAS, BLOCK_M, SPLIT_K,
-        CHUNKS, WARPS,
+        CHUNKS, WARPS, FOLD, folded_ptr, arrivals_ptr,
     )  # fmt: skip
 
 
@@ -635,9 +671,11 @@ def _activation_tile(
 def _store_product(
     acc, pid_n, pid_m, pid_k, out_ptr, bias_ptr, global_scale_ptr, M, N, stride_om, HAS_BIAS: gl.constexpr,
     BLOCK_M: gl.constexpr, SPLIT_K: gl.constexpr, CHUNKS: gl.constexpr, WARPS: gl.constexpr,
+    FOLD: gl.constexpr = False, folded_ptr=0, arrivals_ptr=0,
 ):  # fmt: skip
     """A program's ``acc [BLOCK_N, max(BLOCK_M, 8)]`` into ``out``: a tile of rows and tokens
-    (``_store_tile``, fp32 partials when split) or one of chunks (``_store_chunks``)."""
+    (``_store_tile``, fp32 partials when split, summed into ``folded_ptr`` by the last split
+    where ``FOLD``) or one of chunks (``_store_chunks``)."""
     BLOCK_N: gl.constexpr = acc.shape[0]
     MMA_M: gl.constexpr = acc.shape[1]
     ACC: gl.constexpr = acc.type.layout
@@ -649,6 +687,11 @@ def _store_product(
         _store_tile(
             acc, offs_n, offs_m, mask, out_ptr, bias_ptr, global_scale_ptr, pid_k, M, N, stride_om, HAS_BIAS, SPLIT_K
         )
+        if FOLD and SPLIT_K > 1:
+            _fold_splits(
+                offs_n, offs_m, mask, out_ptr, folded_ptr, bias_ptr, global_scale_ptr, arrivals_ptr,
+                pid_m * gl.num_programs(0) + pid_n, M, N, stride_om, HAS_BIAS, SPLIT_K,
+            )  # fmt: skip
     else:
         _store_chunks(
             acc, pid_n, pid_m, out_ptr, bias_ptr, global_scale_ptr, M, N, stride_om, HAS_BIAS, BLOCK_M, CHUNKS, WARPS
@@ -679,13 +722,28 @@ def launch(
     use_prmt: bool,
 ) -> torch.Tensor:
     """Run the kernel; ``use_prmt`` is unused. K a multiple of ``BLOCK_K`` (``configs`` offers
-    nothing else), and of ``CHUNKS x BLOCK_K`` where the rows are cut in chunks."""
+    nothing else), and of ``CHUNKS x BLOCK_K`` where the rows are cut in chunks. Launched with
+    PDL where ``PDL_LAUNCH``."""
+    from flashrt.kernels.decode import interpreted
+
     chunks = config.get("CHUNKS", 1)
     chunk_words = words_per_chunk(2 * packed.shape[1], chunks)  # two elements a packed byte
+    pdl = PDL_LAUNCH and not interpreted()
     return launch_ring(
-        nvfp4_linear_mma_gluon_kernel, aligned_activations, x, packed, scales, global_scale, bias, out, config,
+        nvfp4_linear_mma_gluon_kernel, aligned_activations, x, packed, scales, global_scale, bias, out, config, pdl,
         chunk_words=chunk_words, chunk_scales=chunk_words // 8, CHUNKS=chunks, LAYOUT=config.get("LAYOUT", 0),
+        PDL=pdl,
     )  # fmt: skip
+
+
+# Launched with PDL (``_prime``: the weights copied before ``gdc_wait``, the activations after),
+# the form starts while the kernel before it ends, if that kernel lets it. At 85e7a7a on the H200
+# (``h200-e2e-llama-pdl-85e7a7a.json``) the seated Llama step took 2.69/2.97 ms at batch 1/8
+# against 2.57/2.91 without: the kernels before each projection were torch.compile's, which never
+# let a kernel start early, and the split prologue cost. torch.compile's own PDL (inductor's
+# ``triton.enable_pdl``: each kernel waits before its first dependent read and lets the next start
+# after it) is what could change that; ``python -m flashrt.bench e2e --inductor-pdl`` measures it.
+PDL_LAUNCH = False
 
 
 def words_per_chunk(k: int, chunks: int) -> int:
@@ -699,7 +757,8 @@ def launch_ring(
 ) -> torch.Tensor:
     """Launch a ring-form kernel (this one, ``linear_wgmma_gluon``'s) on ``activations(x)``:
     the tile grid (``CHUNKS`` rows and columns a weight row and a token where rows are cut in
-    chunks), weights as int32 words, and the split-K reduce. bf16 activations only: the MMA
+    chunks), weights as int32 words, and the split-K sum (a reduce launch, or folded into the
+    kernel: ``FOLD_SPLITS``). bf16 activations only: the MMA
     multiplies bf16, and fp16 activations rounded to bf16 would lose three bits (the
     adjudicator records the refusal). ``pdl``: the kernel and its reduce launched with PDL, each
     to start while the kernel before it ends (the kernel's own ``PDL`` constexpr, in ``extra``,
@@ -717,6 +776,7 @@ def launch_ring(
     target = split_target(out, split)
     chunks = config.get("CHUNKS", 1)
     grid = (triton.cdiv(chunks * n, block_n), triton.cdiv(chunks * m, config["BLOCK_M"]), split)
+    arrivals = arrival_counters(out.device, grid[0] * grid[1]) if split > 1 and FOLD_SPLITS else None
     kernel[grid](
         x,
         packed.view(torch.int32),
@@ -724,6 +784,8 @@ def launch_ring(
         global_scale,
         bias if bias is not None else out,
         target,
+        out,
+        arrivals if arrivals is not None else out,
         m,
         n,
         k,
@@ -737,13 +799,38 @@ def launch_ring(
         WARPS=config["WARPS"],
         STAGES=config["STAGES"],
         SPLIT_K=split,
+        FOLD=arrivals is not None,
         num_warps=config["WARPS"],
         launch_pdl=pdl,
         **extra,
     )
-    if split > 1:
+    if split > 1 and arrivals is None:
         reduce_splits(target, global_scale, bias, out, pdl)
     return out
+
+
+# Split-K launches of the ring forms sum their partials in the kernel (``_fold_splits``: the last
+# split of a tile to arrive) instead of in a reduce launch after it.
+FOLD_SPLITS = False
+# Arrival counters for folded launches, one int32 a tile: Llama-3-8B's gate_up at 128 tokens is
+# 448 x 2 tiles of 64 rows and 64 tokens.
+ARRIVAL_SLOTS = 1 << 14
+_ARRIVALS: dict[torch.device, torch.Tensor] = {}
+
+
+def arrival_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
+    """The tile counters a folded launch of ``tiles`` tiles counts on, or None where it must
+    launch its reduce instead (the same sum, bit for bit): more tiles than counters, or none
+    made yet and a CUDA graph being captured. They are made once, zeroed, outside any capture,
+    and every launch leaves them zero. One set a device, shared by every layer as vLLM's Marlin
+    kernels share their lock workspace: launches run one after another on the model's stream,
+    and two folded launches running at once on two streams would miscount."""
+    counters = _ARRIVALS.get(device)
+    if counters is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        counters = _ARRIVALS[device] = torch.zeros(ARRIVAL_SLOTS, dtype=torch.int32, device=device)
+    return counters if tiles <= counters.numel() else None
 
 
 # Shared memory a ring may take: what sm_90, sm_100 and sm_110 give a block (227 KiB), less the

@@ -34,6 +34,7 @@ from flashrt.kernels.linear_mma_gluon import (
     BLOCK_K,
     V,
     _barrier,
+    _fold_splits,
     _fragment,
     _prime,
     _refill,
@@ -70,6 +71,9 @@ def nvfp4_linear_wgmma_gluon_kernel(
     global_scale_ptr,
     bias_ptr,
     out_ptr,
+    # split and folded (FOLD): where the last split of a tile stores the sum, and the tiles' arrival counters
+    folded_ptr,
+    arrivals_ptr,
     # dimensions (K a multiple of BLOCK_K)
     M,
     N,
@@ -89,6 +93,7 @@ def nvfp4_linear_wgmma_gluon_kernel(
     ASYNC_MMA: gl.constexpr,
     LAYOUT: gl.constexpr,
     PDL: gl.constexpr,
+    FOLD: gl.constexpr,
 ):
     BLOCK_N: gl.constexpr = 16 * ROW_TILES * WARPS
     BLOCK_K: gl.constexpr = 32 * V
@@ -166,6 +171,11 @@ def nvfp4_linear_wgmma_gluon_kernel(
     _store_tile(
         acc, offs_n, offs_m, mask, out_ptr, bias_ptr, global_scale_ptr, pid_k, M, N, stride_om, HAS_BIAS, SPLIT_K
     )
+    if FOLD and SPLIT_K > 1:
+        _fold_splits(
+            offs_n, offs_m, mask, out_ptr, folded_ptr, bias_ptr, global_scale_ptr, arrivals_ptr,
+            pid_m * gl.num_programs(0) + pid_n, M, N, stride_om, HAS_BIAS, SPLIT_K,
+        )  # fmt: skip
 
 
 def qualifies(capability: tuple[int, int] | None) -> bool:

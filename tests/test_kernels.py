@@ -370,11 +370,114 @@ def test_ring_launchers_hand_their_kernels_words_tiles_and_splits(monkeypatch, d
         assert args[1].dtype == torch.int32 and torch.equal(args[1].view(torch.uint8), q.packed)
         assert torch.equal(args[2].view(torch.uint8), q.scales.view(torch.uint8))
         assert args[5].shape == (3, 130, 1000) and args[5].dtype == torch.float32
-        assert args[6:] == (130, 1000, 2048, 2048, 1000, q.packed.stride(0) // 4, q.scales.stride(0) // 4)
+        assert args[6] is out and kwargs["FOLD"] is False, "summed by the reduce (FOLD_SPLITS is off)"
+        assert args[8:] == (130, 1000, 2048, 2048, 1000, q.packed.stride(0) // 4, q.scales.stride(0) // 4)
         assert kwargs["SPLIT_K"] == 3 and kwargs["num_warps"] == config["WARPS"]
         assert kwargs.get("ASYNC_MMA") == config.get("ASYNC_MMA")
         with pytest.raises(ValueError, match="bfloat16"):
             mod.launch(x.half(), q.packed, q.scales, q.global_scale, None, out, config, False)
+
+
+def test_folded_splits_hand_their_kernels_zeroed_counters_and_launch_no_reduce(monkeypatch, device):
+    """``FOLD_SPLITS``: a split launch of either ring form gets the device's arrival counters,
+    zeroed, made once and shared by every launch, and ``FOLD``, and no reduce follows; an
+    unsplit one folds nothing. A launch of more tiles than counters, or one captured in a CUDA
+    graph before any counters exist, launches its reduce instead (the same sum)."""
+    import triton
+
+    calls = []
+    monkeypatch.setattr(linear_mma_gluon, "nvfp4_linear_mma_gluon_kernel", _Recorder(calls, "mma"))
+    monkeypatch.setattr(linear_wgmma_gluon, "nvfp4_linear_wgmma_gluon_kernel", _Recorder(calls, "wgmma"))
+    monkeypatch.setattr(linear_mma, "splitk_reduce_kernel", _Recorder(calls, "reduce"))
+    monkeypatch.setattr(linear_wgmma_gluon, "permute_steps", lambda x, layout, pdl: x)
+    monkeypatch.setattr(linear_mma_gluon, "FOLD_SPLITS", True)
+    monkeypatch.setattr(linear_mma_gluon, "_ARRIVALS", {})
+    q = nvfp4.quantize(torch.randn(1000, 2048, dtype=torch.bfloat16, device=device))
+    x = torch.randn(130, 2048, dtype=torch.bfloat16, device=device)
+    out = torch.zeros(130, 1000, dtype=torch.bfloat16, device=device)
+    ring = {"BLOCK_M": 32, "ROW_TILES": 2, "WARPS": 4, "STAGES": 3}
+    wgmma = {"BLOCK_M": 128, "ROW_TILES": 1, "WARPS": 8, "STAGES": 2, "ASYNC_MMA": 1}
+    counters = []
+    for mod, config in ((linear_mma_gluon, ring), (linear_wgmma_gluon, wgmma)):
+        calls.clear()
+        mod.launch(x, q.packed, q.scales, q.global_scale, None, out, {**config, "SPLIT_K": 3}, False)
+        ((_, grid, args, kwargs),) = calls
+        tiles = triton.cdiv(1000, 16 * config["ROW_TILES"] * config["WARPS"]) * triton.cdiv(130, config["BLOCK_M"])
+        assert grid[0] * grid[1] == tiles and grid[2] == 3 and kwargs["FOLD"] is True
+        assert args[5].shape == (3, 130, 1000) and args[6] is out
+        assert args[7].dtype == torch.int32 and args[7].numel() >= tiles and not args[7].any()
+        counters.append(args[7])
+        calls.clear()
+        mod.launch(x, q.packed, q.scales, q.global_scale, None, out, config, False)
+        ((_, _, args, kwargs),) = calls
+        assert args[5] is out and kwargs["FOLD"] is False, "nothing to fold unsplit"
+    assert counters[0] is counters[1], "one set a device"
+
+    monkeypatch.setattr(linear_mma_gluon, "ARRIVAL_SLOTS", 4)
+    monkeypatch.setattr(linear_mma_gluon, "_ARRIVALS", {})
+    calls.clear()
+    linear_mma_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, {**ring, "SPLIT_K": 3}, False)
+    assert [c[0] for c in calls] == ["mma", "reduce"] and calls[0][3]["FOLD"] is False, "20 tiles, 4 counters"
+    if device.type == "cuda":
+        monkeypatch.setattr(linear_mma_gluon, "_ARRIVALS", {})
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+        calls.clear()
+        linear_mma_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, {**ring, "SPLIT_K": 3}, False)
+        assert [c[0] for c in calls] == ["mma", "reduce"] and not linear_mma_gluon._ARRIVALS
+
+
+@pytest.mark.skipif(not ON_GPU, reason="Gluon has no interpreter: CI builds it and checks its decoder")
+@pytest.mark.parametrize(
+    ("form", "m", "k", "split", "config"),
+    [
+        ("mma_gluon", 8, 4096, 4, {"BLOCK_M": 8, "ROW_TILES": 1, "WARPS": 2, "STAGES": 3}),
+        ("mma_gluon", 3, 2048, 3, {"BLOCK_M": 4, "ROW_TILES": 2, "WARPS": 4, "STAGES": 4}),
+        ("wgmma_gluon", 128, 4096, 4, {"BLOCK_M": 64, "ROW_TILES": 1, "WARPS": 4, "STAGES": 2, "ASYNC_MMA": 1}),
+        ("wgmma_gluon", 40, 2048, 3, {"BLOCK_M": 32, "ROW_TILES": 2, "WARPS": 8, "STAGES": 2, "ASYNC_MMA": 1}),
+    ],
+)
+def test_folded_splits_give_the_reduce_s_output_bit_for_bit_and_leave_counters_zero(
+    form, m, k, split, config, monkeypatch, device
+):
+    """The last split of each tile sums the tile's partials in split order, as the reduce does:
+    every output bit for bit the reduce's, over many launches back to back (a counter left
+    non-zero, or a partial read before its split stored it, would show) on fresh activations,
+    eagerly and replayed in a CUDA graph; the counters zero after each."""
+    mod = GLUON_FORMS.get(form)
+    if mod is None:
+        pytest.skip(f"{form} does not run on this GPU")
+    n = 1000
+    q = nvfp4.quantize(torch.randn(n, k, dtype=torch.bfloat16, device=device))
+    bias = torch.randn(n, dtype=torch.bfloat16, device=device)
+    xs = [torch.randn(m, k, dtype=torch.bfloat16, device=device) for _ in range(8)]
+    config = {**config, "SPLIT_K": split}
+
+    def run_all(fold: bool) -> list[torch.Tensor]:
+        monkeypatch.setattr(linear_mma_gluon, "FOLD_SPLITS", fold)
+        outs = [torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device) for _ in xs]
+        for x, out in zip(xs, outs, strict=True):
+            mod.launch(x, q.packed, q.scales, q.global_scale, bias, out, config, False)
+        return outs
+
+    expected = run_all(False)
+    for _ in range(3):
+        for got, want in zip(run_all(True), expected, strict=True):
+            assert torch.equal(got, want)
+    counters = linear_mma_gluon._ARRIVALS[device if device.index is not None else torch.device("cuda", 0)]
+    assert not counters.any()
+    outs = [torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device) for _ in xs]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for x, out in zip(xs, outs, strict=True):
+            mod.launch(x, q.packed, q.scales, q.global_scale, bias, out, config, False)
+    for _ in range(3):
+        for out in outs:
+            out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        for got, want in zip(outs, expected, strict=True):
+            assert torch.equal(got, want)
+    assert not counters.any()
 
 
 def test_wgmma_form_chains_its_permute_projection_and_reduce_with_pdl(monkeypatch, device):
@@ -406,9 +509,79 @@ def test_wgmma_form_chains_its_permute_projection_and_reduce_with_pdl(monkeypatc
         assert permutes[-1] is chained and kwargs["PDL"] is chained and kwargs["launch_pdl"] is chained
         assert reduce_kwargs["PDL"] is chained and reduce_kwargs["launch_pdl"] is chained
         (name, _, _, kwargs), (_, _, _, reduce_kwargs) = calls[2:]
-        assert name == "mma" and "PDL" not in kwargs and kwargs["launch_pdl"] is False
+        assert name == "mma" and kwargs["PDL"] is False and kwargs["launch_pdl"] is False
         assert reduce_kwargs["PDL"] is False and reduce_kwargs["launch_pdl"] is False
+        monkeypatch.setattr(linear_mma_gluon, "PDL_LAUNCH", True)
+        calls.clear()
+        linear_mma_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, {**wgmma, "BLOCK_M": 32}, False)
+        (_, _, _, kwargs), (_, _, _, reduce_kwargs) = calls
+        assert kwargs["PDL"] is compiled and kwargs["launch_pdl"] is compiled, "PDL_LAUNCH: the decode form too"
+        assert reduce_kwargs["PDL"] is compiled and reduce_kwargs["launch_pdl"] is compiled
+        monkeypatch.setattr(linear_mma_gluon, "PDL_LAUNCH", False)
     assert linear_wgmma_gluon.PDL_CHAIN, "the chain is what the H200 serves (see PDL_CHAIN)"
+
+
+@pytest.fixture(scope="module")
+def late_writer():
+    """A kernel that lets its PDL dependents start at once (``gdc_launch_dependents``), then
+    spins ``ns`` nanoseconds and only then writes ``dst`` (one program, ``BLOCK`` elements)."""
+    import triton
+    import triton.language as tl
+    from triton.language.extra.cuda import gdc_launch_dependents, globaltimer
+
+    @triton.jit
+    def kernel(src_ptr, dst_ptr, ns, BLOCK: tl.constexpr):
+        gdc_launch_dependents()
+        start = globaltimer()
+        while globaltimer() - start < ns:
+            pass
+        offs = tl.arange(0, BLOCK)
+        tl.store(dst_ptr + offs, tl.load(src_ptr + offs))
+
+    return kernel
+
+
+@pytest.mark.skipif(not ON_GPU, reason="PDL and Gluon need a compiled GPU")
+@pytest.mark.parametrize("fold", [False, True])
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"BLOCK_M": 1, "ROW_TILES": 1, "WARPS": 2, "STAGES": 3},
+        {"BLOCK_M": 1, "ROW_TILES": 2, "WARPS": 2, "STAGES": 4, "SPLIT_K": 2},
+        {"BLOCK_M": 4, "ROW_TILES": 1, "WARPS": 4, "STAGES": 4, "CHUNKS": 4},
+    ],
+)
+def test_decode_form_launched_with_pdl_reads_what_the_kernel_before_wrote(
+    config, fold, late_writer, monkeypatch, device
+):
+    """``PDL_LAUNCH``: the ring form starts while the kernel before it runs (that kernel lets it,
+    then spends 50 us before writing the activations): its weights may load meanwhile, its
+    activations only after that kernel is done (``gdc_wait``); eagerly and in a CUDA graph,
+    split (summed by the reduce or folded) or not, rows in chunks. Bit for bit the output of the
+    launch on the activations written long before."""
+    k = 4096
+    q = nvfp4.quantize(torch.randn(1000, k, dtype=torch.bfloat16, device=device))
+    source = torch.randn(1, k, dtype=torch.bfloat16, device=device)
+    x = torch.empty_like(source)
+    out = torch.empty(1, 1000, dtype=torch.bfloat16, device=device)
+    monkeypatch.setattr(linear_mma_gluon, "FOLD_SPLITS", fold)
+    expected = torch.empty_like(out)
+    linear_mma_gluon.launch(source, q.packed, q.scales, q.global_scale, None, expected, config, False)
+    monkeypatch.setattr(linear_mma_gluon, "PDL_LAUNCH", True)
+
+    def step():
+        x.fill_(float("nan"))
+        late_writer[(1,)](source, x, 50_000, BLOCK=k)
+        linear_mma_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, config, False)
+
+    step()
+    assert torch.equal(out, expected)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    out.fill_(float("nan"))
+    graph.replay()
+    assert torch.equal(out, expected)
 
 
 @pytest.mark.skipif(
