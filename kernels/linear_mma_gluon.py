@@ -421,12 +421,14 @@ def _ring_product(
     x_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, first, steps,
     BLOCK_M: gl.constexpr, ROW_TILES: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr,
     walk_words=0, walk_scales=0, EXPERT_STEPS: gl.constexpr = 0, LAYOUT: gl.constexpr = 0, PDL: gl.constexpr = False,
+    TRIGGER: gl.constexpr = False,
 ):  # fmt: skip
     """``acc [BLOCK_N, max(BLOCK_M, 8)]``: the program's weight rows (``word_off``/``scale_off``
     at step 0) times its tokens (``x_off``, ``x_mask``) over ``steps`` steps from ``first``,
     through the ring, along the rows or on an expert walk (``_step_offsets``). fp32, before the
     global scale and ``EPILOGUE_FACTOR``. ``PDL``: launched to start while the kernel before it
-    ends (``_prime``), and letting the one after it start once every read is done."""
+    ends (``_prime``). ``TRIGGER``: then letting the one after it start once every read of the
+    ring is done (``_lets_dependents_start`` says when that is safe)."""
     BLOCK_N: gl.constexpr = 16 * ROW_TILES * WARPS
     MMA_M: gl.constexpr = mma_tokens(BLOCK_M)
     ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
@@ -460,9 +462,20 @@ def _ring_product(
             acc, a, x_ring.index(slot).load(acts_load_layout(BLOCK_M, WARPS)), BLOCK_M, WARPS, LAYOUT
         )
     async_copy.wait_group(0)
-    if PDL:  # every read done, after the wait: a kernel launched with PDL after this one may start
+    if TRIGGER:
         gdc_launch_dependents()
     return acc
+
+
+@gluon.constexpr_function
+def _lets_dependents_start(pdl, split_k, fold):
+    """Whether a ring-form linear launched with PDL lets the kernel after it start once its ring
+    is read (``gdc_launch_dependents``), before its epilogue. Safe only where the epilogue reads
+    nothing that kernel may write: it reads the bias and global scale, which no kernel writes,
+    but a folded split also reads the partials, scratch freed when the launcher returns, which
+    the allocator hands the next kernel, so that one starts only when this one ends. Called
+    after ``gdc_wait``: a kernel it lets start has waited for every kernel before."""
+    return pdl and not (fold and split_k > 1)
 
 
 @gluon.constexpr_function
@@ -632,7 +645,7 @@ def nvfp4_linear_mma_gluon_kernel(
     )
     acc = _ring_product(
         x_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, first, steps, BLOCK_M, ROW_TILES, WARPS,
-        STAGES, LAYOUT=LAYOUT, PDL=PDL,
+        STAGES, LAYOUT=LAYOUT, PDL=PDL, TRIGGER=_lets_dependents_start(PDL, SPLIT_K, FOLD),
     )  # fmt: skip
     _store_product(
         acc, pid_n, pid_m, pid_k, out_ptr, bias_ptr, global_scale_ptr, M, N, stride_om, HAS_BIAS, BLOCK_M, SPLIT_K,

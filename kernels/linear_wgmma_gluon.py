@@ -36,6 +36,7 @@ from flashrt.kernels.linear_mma_gluon import (
     _barrier,
     _fold_splits,
     _fragment,
+    _lets_dependents_start,
     _prime,
     _refill,
     _scale_byte,
@@ -162,7 +163,7 @@ def nvfp4_linear_wgmma_gluon_kernel(
                 a = _decoded_chunk(words_step, scale_word, c, CHUNK_WORDS, A_OP, LAYOUT)
                 acc = warpgroup_mma(a, x_step.slice(c * CHUNK_K, CHUNK_K, dim=1).permute((1, 0)), acc)
     async_copy.wait_group(0)
-    if PDL:  # every read done: the split-K reduce, launched with PDL, may start
+    if _lets_dependents_start(PDL, SPLIT_K, FOLD):  # every read of the ring done: the reduce may start
         gdc_launch_dependents()
 
     offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
