@@ -4,6 +4,7 @@ On the CPU the Triton kernels run under ``TRITON_INTERPRET=1`` (conftest); on a 
 tests run the compiled kernels, including the PTX decoder the interpreter cannot run.
 """
 
+import functools
 from itertools import product
 
 import pytest
@@ -446,38 +447,42 @@ def test_folded_splits_give_the_reduce_s_output_bit_for_bit_and_leave_counters_z
     mod = GLUON_FORMS.get(form)
     if mod is None:
         pytest.skip(f"{form} does not run on this GPU")
-    n = 1000
-    q = nvfp4.quantize(torch.randn(n, k, dtype=torch.bfloat16, device=device))
-    bias = torch.randn(n, dtype=torch.bfloat16, device=device)
+    q = nvfp4.quantize(torch.randn(1000, k, dtype=torch.bfloat16, device=device))
+    bias = torch.randn(1000, dtype=torch.bfloat16, device=device)
     xs = [torch.randn(m, k, dtype=torch.bfloat16, device=device) for _ in range(8)]
-    config = {**config, "SPLIT_K": split}
+    launch = functools.partial(mod.launch, config={**config, "SPLIT_K": split}, use_prmt=False)
+    _switch_keeps_every_bit(monkeypatch, linear_mma_gluon, "FOLD_SPLITS", launch, q, bias, xs, repeats=3)
+    counters = linear_mma_gluon._ARRIVALS[device if device.index is not None else torch.device("cuda", 0)]
+    assert not counters.any()
 
-    def run_all(fold: bool) -> list[torch.Tensor]:
-        monkeypatch.setattr(linear_mma_gluon, "FOLD_SPLITS", fold)
-        outs = [torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device) for _ in xs]
+
+def _switch_keeps_every_bit(monkeypatch, owner, switch: str, launch, q, bias, xs, repeats: int = 1) -> None:
+    """With ``owner.switch`` on, ``launch`` on each of ``xs`` back to back gives bit for bit what
+    it gives off: eagerly and replayed in a CUDA graph, ``repeats`` times each."""
+
+    def run_all(on: bool) -> list[torch.Tensor]:
+        monkeypatch.setattr(owner, switch, on)
+        outs = [torch.full((x.shape[0], q.shape[0]), float("nan"), dtype=x.dtype, device=x.device) for x in xs]
         for x, out in zip(xs, outs, strict=True):
-            mod.launch(x, q.packed, q.scales, q.global_scale, bias, out, config, False)
+            launch(x, q.packed, q.scales, q.global_scale, bias, out)
         return outs
 
     expected = run_all(False)
-    for _ in range(3):
+    for _ in range(repeats):
         for got, want in zip(run_all(True), expected, strict=True):
             assert torch.equal(got, want)
-    counters = linear_mma_gluon._ARRIVALS[device if device.index is not None else torch.device("cuda", 0)]
-    assert not counters.any()
-    outs = [torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device) for _ in xs]
+    outs = [torch.full_like(want, float("nan")) for want in expected]
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for x, out in zip(xs, outs, strict=True):
-            mod.launch(x, q.packed, q.scales, q.global_scale, bias, out, config, False)
-    for _ in range(3):
+            launch(x, q.packed, q.scales, q.global_scale, bias, out)
+    for _ in range(repeats):
         for out in outs:
             out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
         for got, want in zip(outs, expected, strict=True):
             assert torch.equal(got, want)
-    assert not counters.any()
 
 
 def test_wgmma_form_chains_its_permute_projection_and_reduce_with_pdl(monkeypatch, device):
@@ -594,31 +599,11 @@ def test_wgmma_chain_reads_what_the_launch_before_it_wrote(split, monkeypatch, d
     graph, every output bit for bit what the unchained launches give (a read ahead of its wait
     would see the last call's permuted activations or partials, in the blocks the allocator
     hands out again)."""
-    n, k, m = 4096, 14336, 128
-    q = nvfp4.quantize(torch.randn(n, k, dtype=torch.bfloat16, device=device))
-    xs = [torch.randn(m, k, dtype=torch.bfloat16, device=device) for _ in range(6)]
+    q = nvfp4.quantize(torch.randn(4096, 14336, dtype=torch.bfloat16, device=device))
+    xs = [torch.randn(128, 14336, dtype=torch.bfloat16, device=device) for _ in range(6)]
     config = {"BLOCK_M": 128, "ROW_TILES": 1, "WARPS": 8, "STAGES": 2, "ASYNC_MMA": 1, "SPLIT_K": split}
-
-    def run_all(chain: bool) -> list[torch.Tensor]:
-        monkeypatch.setattr(linear_wgmma_gluon, "PDL_CHAIN", chain)
-        outs = [torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device) for _ in xs]
-        for x, out in zip(xs, outs, strict=True):
-            linear_wgmma_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, config, False)
-        return outs
-
-    expected = run_all(False)
-    for got, want in zip(run_all(True), expected, strict=True):
-        assert torch.equal(got, want)
-    outs = [torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device) for _ in xs]
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for x, out in zip(xs, outs, strict=True):
-            linear_wgmma_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, config, False)
-    for out in outs:
-        out.fill_(float("nan"))
-    graph.replay()
-    for got, want in zip(outs, expected, strict=True):
-        assert torch.equal(got, want)
+    launch = functools.partial(linear_wgmma_gluon.launch, config=config, use_prmt=False)
+    _switch_keeps_every_bit(monkeypatch, linear_wgmma_gluon, "PDL_CHAIN", launch, q, None, xs)
 
 
 def test_mma_gluon_chunks_are_offered_to_few_tokens_and_launched_as_rows_and_lanes(monkeypatch, device):
