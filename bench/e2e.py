@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from flashrt.bench import cache_preference, decode_attention, router_topk
 from flashrt.bench.kernels import provenance
-from flashrt.kernels import linear_mma_gluon, moe_fused, ops
+from flashrt.kernels import linear_mma_gluon, moe_fused, moe_ring_gluon, ops
 from flashrt.runtime import SeatProfile, attach
 from flashrt.runtime.profile import from_env
 from flashrt.runtime.seats import _is_expert_bank
@@ -710,7 +710,7 @@ def main(argv: list[str] | None = None) -> int:
         "--inductor-pdl",
         action="store_true",
         help="torch.compile's kernels launched with PDL (inductor's triton.enable_pdl), and the decode ring form "
-        "too (linear_mma_gluon.PDL_LAUNCH), in both arms",
+        "and the ring expert down too (linear_mma_gluon.PDL_LAUNCH, moe_ring_gluon.PDL_DOWN), in both arms",
     )
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -728,7 +728,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"--inductor-pdl: torch {torch.__version__}'s inductor has no triton.enable_pdl; drop the flag")
             return 2
         inductor.triton.enable_pdl = True
-        linear_mma_gluon.PDL_LAUNCH = True
+        linear_mma_gluon.PDL_LAUNCH = moe_ring_gluon.PDL_DOWN = True
     import transformers
 
     result = provenance() | {

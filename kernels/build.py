@@ -2,13 +2,13 @@
 
 Triton compiles to a cubin for a GPU it does not have (``GPUTarget``), with the ptxas it ships,
 so a machine without a GPU proves that nothing offered on sm_90, sm_100, sm_110 or sm_120 fails
-to build. ``builds()`` enumerates (kernel, signature, constexprs). All of them, 999 a target
-and 1117 for sm_90 (``Build.targets``: the ``wgmma`` form is sm_90's; the ring forms and the
+to build. ``builds()`` enumerates (kernel, signature, constexprs). All of them, 1049 a target
+and 1167 for sm_90 (``Build.targets``: the ``wgmma`` form is sm_90's; the ring forms and the
 dequant each twice, for the checkpoint's layout and ``ring_layout``'s, the ring forms' split
-launches twice more, summed by a reduce or folded, and the decode ring form with PDL and
-without), take hours of one CPU core for the four targets (at c866faf 341 took 34 minutes; at
-6b01d1d, on sm_100, the 64 builds of ``linear_mma`` were 266 s of 592); CI builds
-``pairwise(builds())`` instead, 146 a target and 159 for sm_90.
+launches twice more, summed by a reduce or folded, and the decode ring form and the ring
+expert downs with PDL and without), take hours of one CPU core for the four targets (at c866faf
+341 took 34 minutes; at 6b01d1d, on sm_100, the 64 builds of ``linear_mma`` were 266 s of 592);
+CI builds ``pairwise(builds())`` instead, 151 a target and 164 for sm_90.
 """
 
 from __future__ import annotations
@@ -476,26 +476,31 @@ def builds() -> Iterator[Build]:
                 continue  # the GEMV down reads the checkpoint's layout
             consts = {"BLOCK_M": block_m, "E_POW2": 128, "WARPS": cfg["WARPS"], "STAGES": cfg["STAGES"]}
             consts |= {"FOLD_DOWN": ring_down, "CHUNKS": cfg.get("CHUNKS", 1), "LAYOUT": layout}
-            fn = moe_ring_gluon.moe_gate_up_ring_kernel
-            sig = _with_constexprs(_MOE_GATE_UP_RING_SIG, consts)
-            yield from unique(Build("moe_gate_up_ring", fn, sig, consts, cfg["WARPS"], 1))
-            if "DOWN_SLOTS" in cfg:
-                consts = {"SLOTS": 8, "WARPS": cfg["DOWN_WARPS"], "STAGES": cfg["STAGES"], "LAYOUT": layout}
-                fn = moe_ring_gluon.moe_down_slots_ring_kernel
-                sig = _with_constexprs(_MOE_DOWN_SLOTS_RING_SIG, consts)
-                yield from unique(Build("moe_down_slots_ring", fn, sig, consts, cfg["DOWN_WARPS"], 1))
-            elif "DOWN_GROUPED" in cfg:
-                consts = {"BLOCK_M": moe_ring_gluon.GROUP_TILE, "E_POW2": 128, "WARPS": cfg["DOWN_WARPS"]}
-                consts |= {"STAGES": cfg["STAGES"], "LAYOUT": layout}
-                fn = moe_ring_gluon.moe_down_grouped_ring_kernel
-                sig = _with_constexprs(_MOE_DOWN_GROUPED_RING_SIG, consts)
-                yield from unique(Build("moe_down_grouped_ring", fn, sig, consts, cfg["DOWN_WARPS"], 1))
-            elif ring_down:
-                consts = {"TOP_K_POW2": 8, "EXPERT_STEPS": 768 // linear_mma_gluon.BLOCK_K, "WARPS": cfg["DOWN_WARPS"]}
-                consts |= {"STAGES": cfg["STAGES"], "LAYOUT": layout}
-                sig, consts = _split_build(_MOE_DOWN_RING_SIG, consts, cfg["DOWN_SPLIT"])
-                fn = moe_ring_gluon.moe_down_ring_kernel
-                yield from unique(Build("moe_down_ring", fn, sig, consts, cfg["DOWN_WARPS"], 1))
+            for pdl in (False, True) if ring_down else (False,):  # the gate_up lets a PDL ring down start
+                fn = moe_ring_gluon.moe_gate_up_ring_kernel
+                sig = _with_constexprs(_MOE_GATE_UP_RING_SIG, consts | {"TRIGGER": pdl})
+                yield from unique(Build("moe_gate_up_ring", fn, sig, consts | {"TRIGGER": pdl}, cfg["WARPS"], 1))
+                if "DOWN_SLOTS" in cfg:
+                    down = {"SLOTS": 8, "WARPS": cfg["DOWN_WARPS"], "STAGES": cfg["STAGES"], "LAYOUT": layout}
+                    fn = moe_ring_gluon.moe_down_slots_ring_kernel
+                    sig = _with_constexprs(_MOE_DOWN_SLOTS_RING_SIG, down | {"PDL": pdl})
+                    yield from unique(Build("moe_down_slots_ring", fn, sig, down | {"PDL": pdl}, cfg["DOWN_WARPS"], 1))
+                elif "DOWN_GROUPED" in cfg:
+                    down = {"BLOCK_M": moe_ring_gluon.GROUP_TILE, "E_POW2": 128, "WARPS": cfg["DOWN_WARPS"]}
+                    down |= {"STAGES": cfg["STAGES"], "LAYOUT": layout, "PDL": pdl}
+                    fn = moe_ring_gluon.moe_down_grouped_ring_kernel
+                    sig = _with_constexprs(_MOE_DOWN_GROUPED_RING_SIG, down)
+                    yield from unique(Build("moe_down_grouped_ring", fn, sig, down, cfg["DOWN_WARPS"], 1))
+                elif ring_down:
+                    down = {
+                        "TOP_K_POW2": 8,
+                        "EXPERT_STEPS": 768 // linear_mma_gluon.BLOCK_K,
+                        "WARPS": cfg["DOWN_WARPS"],
+                    }
+                    down |= {"STAGES": cfg["STAGES"], "LAYOUT": layout, "PDL": pdl}
+                    sig, down = _split_build(_MOE_DOWN_RING_SIG, down, cfg["DOWN_SPLIT"])
+                    fn = moe_ring_gluon.moe_down_ring_kernel
+                    yield from unique(Build("moe_down_ring", fn, sig, down, cfg["DOWN_WARPS"], 1))
     for t in _TOKENS:
         for cfg, even_k in product(moe_w4a4.configs(t, 768, 2048), (True, False)):
             common = {"EVEN_K": even_k, "INTERPRETED": False, "E_POW2": 128, "BLOCK_M": cfg["BLOCK_M"]}

@@ -317,7 +317,13 @@ def _prime(
     holds the later steps' weights, which only lands them sooner than their own group would).
     On the H200 the decode forms did not gain from it (85e7a7a: their projections follow
     compiled kernels that never let them start early, and the split prologue cost ``mma_gluon``
-    50 us a Llama step), so only the ``wgmma`` form, after its own permute, is launched so."""
+    50 us a Llama step), so the ``wgmma`` form, after its own permute, is launched so, and the
+    others only where asked (``PDL_LAUNCH``, ``moe_ring_gluon.PDL_DOWN``).
+
+    Whatever a kernel reads before its ``gdc_wait`` must be complete before the kernel before it
+    let it start: weights; and the routing the expert downs read to find their experts, written
+    before the gate_up that precedes them, which is launched without PDL and so starts only once
+    the routing is done. Nothing is written before the wait."""
     if PDL:
         for s in gl.static_range(STAGES - 1):
             _start_weights(

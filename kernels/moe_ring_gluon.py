@@ -147,6 +147,7 @@ def moe_gate_up_ring_kernel(
     FOLD_DOWN: gl.constexpr,
     CHUNKS: gl.constexpr,
     LAYOUT: gl.constexpr,
+    TRIGGER: gl.constexpr,
 ):
     """``h[pair, rows] = silu(gate_e @ x_t) * (up_e @ x_t)``, e and t the pair's expert and token;
     weight words and scale words (int32) by expert, row. ``BLOCK_M == 1``: one program a pair
@@ -211,6 +212,7 @@ def moe_gate_up_ring_kernel(
         WARPS,
         STAGES,
         LAYOUT=LAYOUT,
+        TRIGGER=TRIGGER,
     )  # [2 * HALF, MMA_M]: gate rows, then up rows; a column a pair (or a chunk of the pair)
     if CHUNKS > 1:
         acc = _sum_chunks(acc, CHUNKS, CHUNKS, WARPS)  # [2 * ROWS, MMA_M / CHUNKS]: column 0 the pair
@@ -260,6 +262,7 @@ def moe_down_ring_kernel(
     STAGES: gl.constexpr,
     SPLIT_K: gl.constexpr,
     LAYOUT: gl.constexpr,
+    PDL: gl.constexpr,
 ):
     """``out[t, rows] = sum_j down_e(j) @ h[t * TOP_K + j]`` over token t's experts, h folded
     (``FOLD_DOWN``), so the sum takes no weights; N output rows, K = inter in ``EXPERT_STEPS``
@@ -290,7 +293,7 @@ def moe_down_ring_kernel(
     steps = gl.minimum(per_split, walk - first)
     acc = _ring_product(
         h_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, first, steps, 1, 1, WARPS, STAGES,
-        experts * stride_we, experts * stride_se, EXPERT_STEPS, LAYOUT,
+        experts * stride_we, experts * stride_se, EXPERT_STEPS, LAYOUT, PDL=PDL, TRIGGER=PDL,
     )  # fmt: skip
 
     offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
@@ -332,6 +335,7 @@ def moe_down_slots_ring_kernel(
     WARPS: gl.constexpr,
     STAGES: gl.constexpr,
     LAYOUT: gl.constexpr,
+    PDL: gl.constexpr,
 ):
     """The walk's sum, ``out[t, rows] = sum_j down_e(j) @ h[t * TOP_K + j]`` (h folded), with
     the token's experts side by side instead of one after the other: program row ``SLOTS n + j``
@@ -363,7 +367,7 @@ def moe_down_slots_ring_kernel(
     x_mask = gl.expand_dims(slot < TOP_K, 1)
     acc = _ring_product(
         h_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, 0, K // BLOCK_K, SLOTS, 1, WARPS, STAGES,
-        LAYOUT=LAYOUT,
+        LAYOUT=LAYOUT, PDL=PDL, TRIGGER=PDL,
     )  # fmt: skip
     acc = _sum_chunks(acc, TOP_K, SLOTS, WARPS)  # [ROWS, MMA columns / SLOTS]: column 0 the token
     OUT: gl.constexpr = acc.type.layout
@@ -397,6 +401,7 @@ def moe_down_grouped_ring_kernel(
     WARPS: gl.constexpr,
     STAGES: gl.constexpr,
     LAYOUT: gl.constexpr,
+    PDL: gl.constexpr,
 ):
     """The down grouped by expert, ``partials[j, t, rows] = down_e @
     h[t * TOP_K + j]`` for the pairs of one expert's tile, the expert read once for all of them
@@ -420,7 +425,7 @@ def moe_down_grouped_ring_kernel(
     steps = (K // BLOCK_K) * has_run.to(gl.int32)
     acc = _ring_product(
         h_ptr, words_ptr, scales_ptr, word_off + expert * stride_we, scale_off + expert * stride_se, x_off,
-        gl.expand_dims(x_valid, 1), 0, steps, BLOCK_M, 1, WARPS, STAGES, LAYOUT=LAYOUT,
+        gl.expand_dims(x_valid, 1), 0, steps, BLOCK_M, 1, WARPS, STAGES, LAYOUT=LAYOUT, PDL=PDL, TRIGGER=PDL,
     )  # fmt: skip
 
     offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
@@ -497,6 +502,9 @@ def launch(
             f"GROUPED={config['GROUPED']} and {k}; use CHUNKS=1"
         )
     chunk_words = words_per_chunk(k, chunks)
+    from flashrt.kernels.decode import interpreted
+
+    pdl = ring_down and PDL_DOWN and not interpreted()
     moe_gate_up_ring_kernel[(triton.cdiv(n, 16 * config["WARPS"] // chunks), tiles)](
         hidden,
         words,
@@ -526,23 +534,31 @@ def launch(
         FOLD_DOWN=ring_down,
         CHUNKS=chunks,
         LAYOUT=layout,
+        TRIGGER=pdl,
         num_warps=config["WARPS"],
     )
     if ring_down:
-        return launch_down(h, down, topk_ids, out, config, g)
+        return launch_down(h, down, topk_ids, out, config, g, pdl)
     warps_k = config["DOWN_WARPS_K"]
     down_layout = {"ROWS": config["DOWN_ROWS"], "GROUPS": 1, "WARPS_N": 4 // warps_k, "WARPS_K": warps_k}
     return moe_gemv_gluon.launch_down(h, down, topk_ids, topk_weights, out, down_layout)
 
 
 def launch_down(
-    h: torch.Tensor, down: tuple, topk_ids: torch.Tensor, out: torch.Tensor, config: dict, grouping=None
+    h: torch.Tensor,
+    down: tuple,
+    topk_ids: torch.Tensor,
+    out: torch.Tensor,
+    config: dict,
+    grouping=None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """The ring down on the folded ``h [pairs, N]``, ``16 * DOWN_WARPS`` rows a program, the
     ring's stages the gate_up's: the walk, a program a (row block, token, split); a token's
     experts side by side (``DOWN_SLOTS``), a program a (block of ``16 * DOWN_WARPS / SLOTS``
     rows, token), no partials; or grouped (``DOWN_GROUPED``, on ``grouping``), a program a (row
-    block, tile), fp32 partials a pair."""
+    block, tile), fp32 partials a pair. ``pdl``: it and its reduce launched with PDL
+    (``PDL_DOWN``)."""
     dn_packed, dn_scales, _ = down  # the global scales are folded into h
     t, top_k = topk_ids.shape
     k, n = dn_packed.shape[1], h.shape[1]
@@ -574,7 +590,9 @@ def launch_down(
             WARPS=warps,
             STAGES=config["STAGES"],
             LAYOUT=layout,
+            PDL=pdl,
             num_warps=warps,
+            launch_pdl=pdl,
         )
         return out
     if "DOWN_GROUPED" in config:
@@ -601,9 +619,11 @@ def launch_down(
             WARPS=warps,
             STAGES=config["STAGES"],
             LAYOUT=layout,
+            PDL=pdl,
             num_warps=warps,
+            launch_pdl=pdl,
         )
-        reduce_splits(partials, None, None, out)
+        reduce_splits(partials, None, None, out, pdl)
         return out
     split = config["DOWN_SPLIT"]
     target = split_target(out, split)
@@ -628,13 +648,21 @@ def launch_down(
         STAGES=config["STAGES"],
         SPLIT_K=split,
         LAYOUT=layout,
+        PDL=pdl,
         num_warps=warps,
+        launch_pdl=pdl,
     )
     if split > 1:
-        reduce_splits(target, None, None, out)
+        reduce_splits(target, None, None, out, pdl)
     return out
 
 
+# The ring down launched with PDL, and the gate_up letting it start once the gate_up's ring is
+# read: the down's launch, its routing reads and its first weight copies overlap the gate_up's
+# end (``linear_mma_gluon._prime``). At one token the Qwen3-30B down is 5.3 us a layer for 7 MB
+# of weights, 1.6 at copy bandwidth (H200, 3d985f9, ``h200-e2e-qwen3-3d985f9-b1.json``). Not yet
+# measured: ``python -m flashrt.bench e2e --inductor-pdl`` sets it.
+PDL_DOWN = False
 # The walk configs assume: a top-8 bank's down walks 8 experts, so splits keep two steps each
 # (fewer experts: a split past the walk stores zeros, which the reduce adds).
 WALK_EXPERTS = 8

@@ -4,7 +4,6 @@ On the CPU the Triton kernels run under ``TRITON_INTERPRET=1`` (conftest); on a 
 tests run the compiled kernels, including the PTX decoder the interpreter cannot run.
 """
 
-import functools
 from itertools import product
 
 import pytest
@@ -450,21 +449,28 @@ def test_folded_splits_give_the_reduce_s_output_bit_for_bit_and_leave_counters_z
     q = nvfp4.quantize(torch.randn(1000, k, dtype=torch.bfloat16, device=device))
     bias = torch.randn(1000, dtype=torch.bfloat16, device=device)
     xs = [torch.randn(m, k, dtype=torch.bfloat16, device=device) for _ in range(8)]
-    launch = functools.partial(mod.launch, config={**config, "SPLIT_K": split}, use_prmt=False)
-    _switch_keeps_every_bit(monkeypatch, linear_mma_gluon, "FOLD_SPLITS", launch, q, bias, xs, repeats=3)
+    config = {**config, "SPLIT_K": split}
+
+    def launch(x, out):
+        if out is None:
+            return torch.empty(x.shape[0], 1000, dtype=x.dtype, device=x.device)
+        return mod.launch(x, q.packed, q.scales, q.global_scale, bias, out, config, False)
+
+    _switch_keeps_every_bit(monkeypatch, linear_mma_gluon, "FOLD_SPLITS", launch, xs, repeats=3)
     counters = linear_mma_gluon._ARRIVALS[device if device.index is not None else torch.device("cuda", 0)]
     assert not counters.any()
 
 
-def _switch_keeps_every_bit(monkeypatch, owner, switch: str, launch, q, bias, xs, repeats: int = 1) -> None:
-    """With ``owner.switch`` on, ``launch`` on each of ``xs`` back to back gives bit for bit what
-    it gives off: eagerly and replayed in a CUDA graph, ``repeats`` times each."""
+def _switch_keeps_every_bit(monkeypatch, owner, switch: str, launch, xs, repeats: int = 1) -> None:
+    """With ``owner.switch`` on, ``launch(x, out)`` on each of ``xs`` back to back (``out`` the
+    shape of ``launch(x, None)``'s) gives bit for bit what it gives off: eagerly and replayed in a
+    CUDA graph, ``repeats`` times each."""
 
     def run_all(on: bool) -> list[torch.Tensor]:
         monkeypatch.setattr(owner, switch, on)
-        outs = [torch.full((x.shape[0], q.shape[0]), float("nan"), dtype=x.dtype, device=x.device) for x in xs]
+        outs = [torch.full_like(launch(x, None), float("nan")) for x in xs]
         for x, out in zip(xs, outs, strict=True):
-            launch(x, q.packed, q.scales, q.global_scale, bias, out)
+            launch(x, out)
         return outs
 
     expected = run_all(False)
@@ -475,7 +481,7 @@ def _switch_keeps_every_bit(monkeypatch, owner, switch: str, launch, q, bias, xs
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for x, out in zip(xs, outs, strict=True):
-            launch(x, q.packed, q.scales, q.global_scale, bias, out)
+            launch(x, out)
     for _ in range(repeats):
         for out in outs:
             out.fill_(float("nan"))
@@ -602,8 +608,13 @@ def test_wgmma_chain_reads_what_the_launch_before_it_wrote(split, monkeypatch, d
     q = nvfp4.quantize(torch.randn(4096, 14336, dtype=torch.bfloat16, device=device))
     xs = [torch.randn(128, 14336, dtype=torch.bfloat16, device=device) for _ in range(6)]
     config = {"BLOCK_M": 128, "ROW_TILES": 1, "WARPS": 8, "STAGES": 2, "ASYNC_MMA": 1, "SPLIT_K": split}
-    launch = functools.partial(linear_wgmma_gluon.launch, config=config, use_prmt=False)
-    _switch_keeps_every_bit(monkeypatch, linear_wgmma_gluon, "PDL_CHAIN", launch, q, None, xs)
+
+    def launch(x, out):
+        if out is None:
+            return torch.empty(x.shape[0], 4096, dtype=x.dtype, device=x.device)
+        return linear_wgmma_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, config, False)
+
+    _switch_keeps_every_bit(monkeypatch, linear_wgmma_gluon, "PDL_CHAIN", launch, xs)
 
 
 def test_mma_gluon_chunks_are_offered_to_few_tokens_and_launched_as_rows_and_lanes(monkeypatch, device):
@@ -1273,6 +1284,69 @@ def test_ring_expert_chunks_and_slots_match_reference(t, top_k, device):
         moe_ring_gluon.launch(hidden, *_tuples(gu, dn), ids, weights, out, config, False)
         assert not out.isnan().any(), config
         assert (out.double() - ref).norm() / ref.norm() < 1e-2, config
+
+
+def test_ring_expert_down_launched_with_pdl_after_a_gate_up_that_lets_it_start(monkeypatch):
+    """``PDL_DOWN``, compiled: the gate_up (launched as ever, so it starts once the routing is
+    written) lets the kernel after it start once its ring is read (``TRIGGER``); the ring down,
+    each way (the walk split, the slots, grouped), and its reduce are launched with PDL, told
+    by their ``PDL`` constexpr to wait before reading h. Off, or interpreted, or before the
+    GEMV down, nothing is."""
+    calls = []
+    for name in ("moe_gate_up_ring_kernel", "moe_down_ring_kernel", "moe_down_slots_ring_kernel"):
+        monkeypatch.setattr(moe_ring_gluon, name, _Recorder(calls, name))
+    monkeypatch.setattr(moe_ring_gluon, "moe_down_grouped_ring_kernel", _Recorder(calls, "moe_down_grouped"))
+    monkeypatch.setattr(moe_gemv_gluon, "moe_down_gemv_kernel", _Recorder(calls, "moe_down_gemv"))
+    monkeypatch.setattr(linear_mma, "splitk_reduce_kernel", _Recorder(calls, "reduce"))
+    gu, dn, hidden, ids, weights = _cpu_expert_case(monkeypatch, 6, 512, 512, 3, 5)
+    banks = _tuples(gu, dn)
+    ring = {"GROUPED": 0, "WARPS": 2, "STAGES": 4, "DOWN_WARPS": 2}
+    downs = {
+        "moe_down_ring_kernel": ring | {"DOWN_SPLIT": 2},
+        "moe_down_slots_ring_kernel": ring | {"DOWN_SLOTS": 1},
+        "moe_down_grouped": ring | {"GROUPED": 1, "DOWN_GROUPED": 1},
+        "moe_down_gemv": {"GROUPED": 0, "WARPS": 2, "STAGES": 4, "DOWN_ROWS": 2, "DOWN_WARPS_K": 1},
+    }
+    for on, compiled in ((True, True), (True, False), (False, True)):
+        monkeypatch.setattr(moe_ring_gluon, "PDL_DOWN", on)
+        monkeypatch.setattr(decode, "interpreted", lambda compiled=compiled: not compiled)
+        for down, config in downs.items():
+            calls.clear()
+            moe_ring_gluon.launch(hidden, *banks, ids, weights, torch.zeros_like(hidden), config, False)
+            launched = {name: kwargs for name, _, _, kwargs in calls}
+            chained = on and compiled and down != "moe_down_gemv"
+            assert launched["moe_gate_up_ring_kernel"]["TRIGGER"] is chained
+            assert not launched["moe_gate_up_ring_kernel"].get("launch_pdl"), "the gate_up starts after the routing"
+            assert launched[down].get("PDL", False) is chained and launched[down].get("launch_pdl", False) is chained
+            if "reduce" in launched:
+                assert launched["reduce"]["PDL"] is chained and launched["reduce"]["launch_pdl"] is chained
+
+
+@pytest.mark.skipif(not ON_GPU, reason="PDL and Gluon need a compiled GPU")
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"GROUPED": 0, "WARPS": 2, "STAGES": 4, "CHUNKS": 2, "DOWN_WARPS": 2, "DOWN_SLOTS": 1},
+        {"GROUPED": 0, "WARPS": 2, "STAGES": 3, "DOWN_WARPS": 1, "DOWN_SPLIT": 4},
+        {"GROUPED": 1, "WARPS": 2, "STAGES": 3, "DOWN_WARPS": 2, "DOWN_GROUPED": 1},
+    ],
+)
+def test_ring_expert_down_with_pdl_gives_every_bit_it_gives_without(config, monkeypatch, device):
+    """The down started while its gate_up ends (``PDL_DOWN``) reads h only after the gate_up is
+    done: on fresh hidden states and routings back to back, eagerly and replayed in a CUDA
+    graph, bit for bit the output without it, each way of the down."""
+    e, n, k, top_k, t = 16, 512, 2048, 8, 4
+    gu, dn = _bank(e, n, k, device)
+    banks = _tuples(gu, dn)
+    cases = [(torch.randn(t, k, dtype=torch.bfloat16, device=device), *_route(t, e, top_k, device)) for _ in range(6)]
+    by_hidden = {id(hidden): (ids, weights) for hidden, ids, weights in cases}
+
+    def launch(hidden, out):
+        if out is None:
+            return torch.empty_like(hidden)
+        return moe_ring_gluon.launch(hidden, *banks, *by_hidden[id(hidden)], out, config, False)
+
+    _switch_keeps_every_bit(monkeypatch, moe_ring_gluon, "PDL_DOWN", launch, [c[0] for c in cases], repeats=2)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="Gluon has no interpreter; CI builds these kernels for every target")
