@@ -277,3 +277,29 @@ def test_idle_before_counts_only_time_no_kernel_ran():
     assert e2e.idle_before([(0.0, 5.0), (3.0, 7.0), (10.0, 20.0), (12.0, 15.0)]) == [0.0, 0.0, 3.0, 0.0]
     assert e2e.idle_before([(12.0, 15.0), (10.0, 20.0), (0.0, 5.0), (21.0, 22.0)]) == [0.0, 5.0, 0.0, 1.0]
     assert e2e.idle_before([]) == []
+
+
+def test_the_fold_probe_takes_every_committed_split_choice_of_the_ring_forms():
+    """``bench/probe_fold.py`` compares the folded sum with the reduce on what the H200 serves:
+    every committed ring-layout choice of either ring form that splits K, its tokens and shape
+    read from the key, both forms among them (decode and prefill)."""
+    import json
+    from pathlib import Path
+
+    from flashrt.bench import probe_fold
+
+    table = {}
+    for path in (Path(__file__).resolve().parent.parent / "bench" / "tuning").glob("tuning-*H200*.json"):
+        table |= json.loads(path.read_text())
+    choices = probe_fold.split_choices()
+    keys = [f"linear:torch.bfloat16:M{m}:N{n}:K{k}:ring" for m, n, k, _, _ in choices]
+    assert len(set(keys)) == len(keys) > 0
+    for key, (_, _, _, form, config) in zip(keys, choices, strict=True):
+        assert table[key]["form"] == form and dict(table[key]["config"]) == config and config["SPLIT_K"] > 1
+    splitting = [
+        key
+        for key, entry in table.items()
+        if key.endswith(":ring") and entry["form"] in probe_fold.FORMS and dict(entry["config"]).get("SPLIT_K", 1) > 1
+    ]
+    assert sorted(splitting) == sorted(keys)
+    assert {form for *_, form, _ in choices} == {"mma_gluon", "wgmma_gluon"}
