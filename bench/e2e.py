@@ -367,22 +367,29 @@ def idle_before(intervals: list[tuple[float, float]]) -> list[float]:
     return idle
 
 
+def replayed_kernels(graph: torch.cuda.CUDAGraph, replays: int) -> list[tuple]:
+    """Every kernel the profiler saw over ``replays`` back-to-back replays of ``graph``, each with
+    the GPU's idle time just before it (``idle_before``)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return list(zip(kernels, idle_before([(e.time_range.start, e.time_range.end) for e in kernels]), strict=True))
+
+
 def _kernel_breakdown(graph: torch.cuda.CUDAGraph, replays: int = WARM_STEPS) -> list[dict]:
     """Device time, launches and the idle time just before them, a step by kernel name (the 25
     with the most of both), from the profiler over graph replays; the ``all`` row adds the time
     some kernel ran and the time none did (the replays run back to back, so the gaps between
     them count too)."""
-    from torch.profiler import ProfilerActivity, profile
-
     try:
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(replays):
-                graph.replay()
-            torch.cuda.synchronize()
-        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-        idle = idle_before([(e.time_range.start, e.time_range.end) for e in kernels])
+        launches = replayed_kernels(graph, replays)
+        kernels, idle = [e for e, _ in launches], [gap for _, gap in launches]
         totals: dict[str, list] = {}  # name: [device us, launches, idle us before them]
-        for event, gap in zip(kernels, idle, strict=True):
+        for event, gap in launches:
             total = totals.setdefault(event.name, [0.0, 0, 0.0])
             total[0] += event.device_time / replays
             total[1] += 1 / replays

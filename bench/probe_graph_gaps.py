@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 from flashrt.bench.cache_preference import PREFER_NONE, PREFER_SHARED, limit_loaded, reset_loaded
-from flashrt.bench.e2e import idle_before
+from flashrt.bench.e2e import replayed_kernels
 from flashrt.bench.kernels import provenance
 from flashrt.bench.timing import capture
 from flashrt.kernels import linear_mma, linear_mma_gluon, nvfp4, ring_layout
@@ -102,8 +102,6 @@ def arms() -> dict:
 
 
 def measure(body, replays: int = 10) -> dict:
-    from torch.profiler import ProfilerActivity, profile
-
     graph = capture(body, body)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
@@ -113,21 +111,16 @@ def measure(body, replays: int = 10) -> dict:
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1000)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(replays):
-            graph.replay()
-        torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    idle = idle_before([(e.time_range.start, e.time_range.end) for e in kernels])
-    adds = [gap for e, gap in zip(kernels, idle, strict=True) if "add" in e.name.lower() and "Functor" in e.name]
+    launches = replayed_kernels(graph, replays)
+    adds = [gap for e, gap in launches if "add" in e.name.lower() and "Functor" in e.name]
     by_other: dict = {}  # name: (idle before, device time) of each launch
-    for e, gap in zip(kernels, idle, strict=True):
+    for e, gap in launches:
         if "Functor" not in e.name:
             by_other.setdefault(e.name[:60], []).append((gap, e.device_time))
     return {
         "graph_us": statistics.median(times),
-        "launches_per_replay": len(kernels) / replays,
-        "idle_us_per_replay": sum(idle) / replays,
+        "launches_per_replay": len(launches) / replays,
+        "idle_us_per_replay": sum(gap for _, gap in launches) / replays,
         "idle_before_add_us": statistics.mean(adds),
         "idle_before_add_median_us": statistics.median(adds),
         "idle_before_others_us": {name: statistics.mean(g for g, _ in runs) for name, runs in by_other.items()},

@@ -90,11 +90,11 @@ _SPLITK_REDUCE_SIG = {
 _GEMV_GLUON_SIG = {name if name != "packed_ptr" else "words_ptr": kind for name, kind in _LINEAR_SIG.items()}
 _GEMV_GLUON_SIG["words_ptr"] = "*i32"
 # The ring forms also take where a folded split-K launch stores its sum and its tiles' counters.
-_RING_SIG = {}
-for _name, _kind in _GEMV_GLUON_SIG.items():
-    _RING_SIG[_name] = _kind
-    if _name == "out_ptr":
-        _RING_SIG |= {"folded_ptr": "*bf16", "arrivals_ptr": "*i32"}
+_RING_SIG = {
+    **{k: v for k, v in _GEMV_GLUON_SIG.items() if k.endswith("_ptr")},
+    **{"folded_ptr": "*bf16", "arrivals_ptr": "*i32"},
+    **{k: v for k, v in _GEMV_GLUON_SIG.items() if not k.endswith("_ptr")},
+}
 _MMA_GLUON_SIG = {**_RING_SIG, "chunk_words": "i32", "chunk_scales": "i32"}
 _W4A4_SIG = {
     "xq_ptr": "*u8",
