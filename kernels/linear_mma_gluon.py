@@ -411,7 +411,8 @@ def _fold_splits(
     arrived = gl.atomic_add(arrivals_ptr + tile, 1, sem="acq_rel", scope="gpu")
     if arrived == SPLIT_K - 1:
         parts = part_ptr + gl.expand_dims(offs_m.to(gl.int64) * N, 0) + gl.expand_dims(offs_n, 1)
-        total = gl.zeros(parts.shape, gl.float32, layout=parts.type.layout)
+        PARTS: gl.constexpr = parts.type.layout  # Triton 3.6 takes a layout only as a constexpr
+        total = gl.zeros(parts.shape, gl.float32, layout=PARTS)
         for s in gl.static_range(SPLIT_K):
             total += gl.load(parts + (s * M).to(gl.int64) * N, mask=mask, other=0.0, cache_modifier=".cg")
         total = total * gl.load(global_scale_ptr)
