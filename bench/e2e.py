@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from flashrt.bench import cache_preference, decode_attention, router_topk
 from flashrt.bench.kernels import provenance
-from flashrt.kernels import linear_mma_gluon, moe_fused, moe_ring_gluon, ops
+from flashrt.kernels import linear_mma_gluon, moe_fused, ops
 from flashrt.runtime import SeatProfile, attach
 from flashrt.runtime.profile import from_env
 from flashrt.runtime.seats import _is_expert_bank
@@ -674,7 +674,7 @@ def _on_gpus(names: list[str], args, out: Path, result: dict) -> None:
     rest = ["--layers", str(args.layers), "--batches", args.batches, "--band-batches", args.band_batches]
     rest += ["--no-compile"] if args.no_compile else []
     rest += ["--cache-preference", args.cache_preference, "--split-sum", args.split_sum]
-    rest += ["--inductor-pdl"] if args.inductor_pdl else []
+    rest += ["--inductor-pdl", args.inductor_pdl] if args.inductor_pdl else []
     queues = [names[i::gpus] for i in range(gpus)]
     procs = []
     for gpu, queue in enumerate(queues):
@@ -715,9 +715,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--inductor-pdl",
-        action="store_true",
-        help="torch.compile's kernels launched with PDL (inductor's triton.enable_pdl), and the decode ring form "
-        "and the ring expert down too (linear_mma_gluon.PDL_LAUNCH, moe_ring_gluon.PDL_DOWN), in both arms",
+        choices=("on", "off"),
+        default=None,
+        help="torch.compile's kernels launched with PDL (inductor's triton.enable_pdl, TORCHINDUCTOR_ENABLE_PDL=1) "
+        "in both arms, which the ring forms follow (decode.launch_pdl); default: on where the installed torch has it",
     )
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -728,14 +729,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.cache_preference == "none":
         cache_preference.reset_on_load(cache_preference.PREFER_NONE)
     linear_mma_gluon.FOLD_SPLITS = args.split_sum == "fold"
-    if args.inductor_pdl:
-        from torch._inductor import config as inductor
+    from torch._inductor import config as inductor
 
-        if not hasattr(inductor.triton, "enable_pdl"):
-            print(f"--inductor-pdl: torch {torch.__version__}'s inductor has no triton.enable_pdl; drop the flag")
-            return 2
-        inductor.triton.enable_pdl = True
-        linear_mma_gluon.PDL_LAUNCH = moe_ring_gluon.PDL_DOWN = True
+    has_pdl = hasattr(inductor.triton, "enable_pdl")
+    if args.inductor_pdl == "on" and not has_pdl:
+        print(f"--inductor-pdl on: torch {torch.__version__}'s inductor has no triton.enable_pdl; use off")
+        return 2
+    inductor_pdl = has_pdl and args.inductor_pdl != "off"
+    if has_pdl:
+        inductor.triton.enable_pdl = inductor_pdl
     import transformers
 
     result = provenance() | {
@@ -744,7 +746,7 @@ def main(argv: list[str] | None = None) -> int:
         "generated_tokens": GENERATED,
         "cache_preference": args.cache_preference,
         "split_sum": args.split_sum,
-        "inductor_pdl": args.inductor_pdl,
+        "inductor_pdl": inductor_pdl,
         "models": [],
         "rows": [],
     }

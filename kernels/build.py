@@ -8,7 +8,7 @@ dequant each twice, for the checkpoint's layout and ``ring_layout``'s, the ring 
 launches twice more, summed by a reduce or folded, and the decode ring form and the ring
 expert downs with PDL and without), take hours of one CPU core for the four targets (at c866faf
 341 took 34 minutes; at 6b01d1d, on sm_100, the 64 builds of ``linear_mma`` were 266 s of 592);
-CI builds ``pairwise(builds())`` instead, 151 a target and 164 for sm_90.
+CI builds ``pairwise(builds())`` instead, 152 a target and 165 for sm_90.
 """
 
 from __future__ import annotations
@@ -368,6 +368,13 @@ def _folds(cfg: dict) -> tuple[bool, ...]:
     return (False, True) if cfg.get("SPLIT_K", 1) > 1 else (False,)
 
 
+def _one_token(m: int) -> dict:
+    """A launch at one token as Triton compiles it: an integer argument equal to 1 becomes the
+    constant 1, on which ``.to()`` and the like do not exist. The ring forms' builds at one token
+    take ``M`` so (their folded splits once failed to build on the H200 there and nowhere else)."""
+    return {"M": 1} if m == 1 else {}
+
+
 def builds() -> Iterator[Build]:
     seen = set()
 
@@ -399,6 +406,7 @@ def builds() -> Iterator[Build]:
         for cfg, layout in product(linear_mma_gluon.configs(m, 4096, 4096), linear_mma_gluon.LAYOUTS):
             for fold, pdl in product(_folds(cfg), (False, True)):
                 consts = {"HAS_BIAS": False, "CHUNKS": 1, "LAYOUT": layout, "FOLD": fold, "PDL": pdl} | cfg
+                consts |= _one_token(m)
                 sig, consts = _split_build(_MMA_GLUON_SIG, consts, cfg.get("SPLIT_K", 1))
                 fn = linear_mma_gluon.nvfp4_linear_mma_gluon_kernel
                 yield from unique(Build("linear_mma_gluon", fn, sig, consts, cfg["WARPS"], 1))
@@ -406,7 +414,9 @@ def builds() -> Iterator[Build]:
             for fold in _folds(cfg):
                 sig, consts = _split_build(
                     _RING_SIG,
-                    {"HAS_BIAS": False, "LAYOUT": layout, "PDL": linear_wgmma_gluon.PDL_CHAIN, "FOLD": fold} | cfg,
+                    {"HAS_BIAS": False, "LAYOUT": layout, "PDL": linear_wgmma_gluon.PDL_CHAIN, "FOLD": fold}
+                    | cfg
+                    | _one_token(m),
                     cfg.get("SPLIT_K", 1),
                 )
                 fn = linear_wgmma_gluon.nvfp4_linear_wgmma_gluon_kernel

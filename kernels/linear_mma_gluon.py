@@ -410,11 +410,11 @@ def _fold_splits(
     _barrier()
     arrived = gl.atomic_add(arrivals_ptr + tile, 1, sem="acq_rel", scope="gpu")
     if arrived == SPLIT_K - 1:
-        parts = part_ptr + gl.expand_dims(offs_m.to(gl.int64) * N, 0) + gl.expand_dims(offs_n, 1)
-        PARTS: gl.constexpr = parts.type.layout  # Triton 3.6 takes a layout only as a constexpr
-        total = gl.zeros(parts.shape, gl.float32, layout=PARTS)
-        for s in gl.static_range(SPLIT_K):
-            total += gl.load(parts + (s * M).to(gl.int64) * N, mask=mask, other=0.0, cache_modifier=".cg")
+        ACC: gl.constexpr = mask.type.layout  # Triton 3.6 takes a layout only as a constexpr
+        total = gl.zeros(mask.shape, gl.float32, layout=ACC)
+        for s in gl.static_range(SPLIT_K):  # M may be the constant 1 (Triton specializes it): no .to on it
+            part = part_ptr + gl.expand_dims((s * M + offs_m.to(gl.int64)) * N, 0) + gl.expand_dims(offs_n, 1)
+            total += gl.load(part, mask=mask, other=0.0, cache_modifier=".cg")
         total = total * gl.load(global_scale_ptr)
         if HAS_BIAS:
             total += gl.expand_dims(gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(gl.float32), 1)
@@ -744,11 +744,11 @@ def launch(
     """Run the kernel; ``use_prmt`` is unused. K a multiple of ``BLOCK_K`` (``configs`` offers
     nothing else), and of ``CHUNKS x BLOCK_K`` where the rows are cut in chunks. Launched with
     PDL where ``PDL_LAUNCH``."""
-    from flashrt.kernels.decode import interpreted
+    from flashrt.kernels.decode import launch_pdl
 
     chunks = config.get("CHUNKS", 1)
     chunk_words = words_per_chunk(2 * packed.shape[1], chunks)  # two elements a packed byte
-    pdl = PDL_LAUNCH and not interpreted()
+    pdl = launch_pdl(PDL_LAUNCH)
     return launch_ring(
         nvfp4_linear_mma_gluon_kernel, aligned_activations, x, packed, scales, global_scale, bias, out, config, pdl,
         chunk_words=chunk_words, chunk_scales=chunk_words // 8, CHUNKS=chunks, LAYOUT=config.get("LAYOUT", 0),
@@ -759,11 +759,12 @@ def launch(
 # Launched with PDL (``_prime``: the weights copied before ``gdc_wait``, the activations after),
 # the form starts while the kernel before it ends, if that kernel lets it. At 85e7a7a on the H200
 # (``h200-e2e-llama-pdl-85e7a7a.json``) the seated Llama step took 2.69/2.97 ms at batch 1/8
-# against 2.57/2.91 without: the kernels before each projection were torch.compile's, which never
-# let a kernel start early, and the split prologue cost. torch.compile's own PDL (inductor's
-# ``triton.enable_pdl``: each kernel waits before its first dependent read and lets the next start
-# after it) is what could change that; ``python -m flashrt.bench e2e --inductor-pdl`` measures it.
-PDL_LAUNCH = False
+# against 2.57/2.91 without: the kernels before each projection were torch.compile's, which then
+# never let a kernel start early. With torch.compile's own PDL (inductor's ``triton.enable_pdl``)
+# they do: 2.07/2.52 ms against 2.25/2.69 with neither (0d80628,
+# ``h200-e2e-llama-0d80628-pdl-b1b8.json``). So ``None``: launched with PDL exactly when
+# torch.compile launches its kernels so (``decode.launch_pdl``); True or False forces it.
+PDL_LAUNCH: bool | None = None
 
 
 def words_per_chunk(k: int, chunks: int) -> int:

@@ -502,9 +502,9 @@ def launch(
             f"GROUPED={config['GROUPED']} and {k}; use CHUNKS=1"
         )
     chunk_words = words_per_chunk(k, chunks)
-    from flashrt.kernels.decode import interpreted
+    from flashrt.kernels.decode import launch_pdl
 
-    pdl = ring_down and PDL_DOWN and not interpreted()
+    pdl = ring_down and launch_pdl(PDL_DOWN)
     moe_gate_up_ring_kernel[(triton.cdiv(n, 16 * config["WARPS"] // chunks), tiles)](
         hidden,
         words,
@@ -660,9 +660,10 @@ def launch_down(
 # The ring down launched with PDL, and the gate_up letting it start once the gate_up's ring is
 # read: the down's launch, its routing reads and its first weight copies overlap the gate_up's
 # end (``linear_mma_gluon._prime``). At one token the Qwen3-30B down is 5.3 us a layer for 7 MB
-# of weights, 1.6 at copy bandwidth (H200, 3d985f9, ``h200-e2e-qwen3-3d985f9-b1.json``). Not yet
-# measured: ``python -m flashrt.bench e2e --inductor-pdl`` sets it.
-PDL_DOWN = False
+# of weights, 1.6 at copy bandwidth (H200, 3d985f9, ``h200-e2e-qwen3-3d985f9-b1.json``). With
+# torch.compile's PDL it is launched so (``None``, as ``linear_mma_gluon.PDL_LAUNCH``): Qwen3-30B
+# at one token 1.70x bf16 with both, as without (0d80628, ``h200-e2e-qwen3-0d80628-pdl-b1.json``).
+PDL_DOWN: bool | None = None
 # The walk configs assume: a top-8 bank's down walks 8 experts, so splits keep two steps each
 # (fewer experts: a split past the walk stores zeros, which the reduce adds).
 WALK_EXPERTS = 8

@@ -431,6 +431,7 @@ def test_folded_splits_hand_their_kernels_zeroed_counters_and_launch_no_reduce(m
     ("form", "m", "k", "split", "config"),
     [
         ("mma_gluon", 8, 4096, 4, {"BLOCK_M": 8, "ROW_TILES": 1, "WARPS": 2, "STAGES": 3}),
+        ("mma_gluon", 1, 4096, 2, {"BLOCK_M": 1, "ROW_TILES": 2, "WARPS": 2, "STAGES": 4}),  # M the constant 1
         ("mma_gluon", 3, 2048, 3, {"BLOCK_M": 4, "ROW_TILES": 2, "WARPS": 4, "STAGES": 4}),
         ("wgmma_gluon", 128, 4096, 4, {"BLOCK_M": 64, "ROW_TILES": 1, "WARPS": 4, "STAGES": 2, "ASYNC_MMA": 1}),
         ("wgmma_gluon", 40, 2048, 3, {"BLOCK_M": 32, "ROW_TILES": 2, "WARPS": 8, "STAGES": 2, "ASYNC_MMA": 1}),
@@ -494,7 +495,11 @@ def _switch_keeps_every_bit(monkeypatch, owner, switch: str, launch, xs, repeats
 def test_wgmma_form_chains_its_permute_projection_and_reduce_with_pdl(monkeypatch, device):
     """Compiled, the permute lets the projection start early, the projection (told by its
     ``PDL`` constexpr to wait before its activations) and its reduce are launched with PDL; the
-    decode ring form is launched as before. Interpreted (no ``griddepcontrol`` there) no link is."""
+    decode ring form is launched with PDL where ``PDL_LAUNCH`` says so or, by default (None),
+    where torch.compile launches its kernels so. Interpreted (no ``griddepcontrol`` there) no link is."""
+    from torch._inductor import config as inductor
+
+    monkeypatch.setattr(linear_mma_gluon, "PDL_LAUNCH", False)
     calls, permutes = [], []
     monkeypatch.setattr(linear_mma_gluon, "nvfp4_linear_mma_gluon_kernel", _Recorder(calls, "mma"))
     monkeypatch.setattr(linear_wgmma_gluon, "nvfp4_linear_wgmma_gluon_kernel", _Recorder(calls, "wgmma"))
@@ -528,7 +533,13 @@ def test_wgmma_form_chains_its_permute_projection_and_reduce_with_pdl(monkeypatc
         (_, _, _, kwargs), (_, _, _, reduce_kwargs) = calls
         assert kwargs["PDL"] is compiled and kwargs["launch_pdl"] is compiled, "PDL_LAUNCH: the decode form too"
         assert reduce_kwargs["PDL"] is compiled and reduce_kwargs["launch_pdl"] is compiled
-        monkeypatch.setattr(linear_mma_gluon, "PDL_LAUNCH", False)
+        monkeypatch.setattr(linear_mma_gluon, "PDL_LAUNCH", None)  # the default: as torch.compile launches
+        for inductor_pdl in (True, False):
+            calls.clear()
+            with inductor.patch({"triton.enable_pdl": inductor_pdl}):
+                decode_config = {**wgmma, "BLOCK_M": 32}
+                linear_mma_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, decode_config, False)
+            assert calls[0][3]["launch_pdl"] is (compiled and inductor_pdl), "PDL_LAUNCH=None follows inductor"
     assert linear_wgmma_gluon.PDL_CHAIN, "the chain is what the H200 serves (see PDL_CHAIN)"
 
 
@@ -1290,7 +1301,8 @@ def test_ring_expert_down_launched_with_pdl_after_a_gate_up_that_lets_it_start(m
     """``PDL_DOWN``, compiled: the gate_up (launched as ever, so it starts once the routing is
     written) lets the kernel after it start once its ring is read (``TRIGGER``); the ring down,
     each way (the walk split, the slots, grouped), and its reduce are launched with PDL, told
-    by their ``PDL`` constexpr to wait before reading h. Off, or interpreted, or before the
+    by their ``PDL`` constexpr to wait before reading h: where forced, or by default where
+    torch.compile launches its kernels with PDL. Off, or interpreted, or before the
     GEMV down, nothing is."""
     calls = []
     for name in ("moe_gate_up_ring_kernel", "moe_down_ring_kernel", "moe_down_slots_ring_kernel"):
@@ -1307,14 +1319,18 @@ def test_ring_expert_down_launched_with_pdl_after_a_gate_up_that_lets_it_start(m
         "moe_down_grouped": ring | {"GROUPED": 1, "DOWN_GROUPED": 1},
         "moe_down_gemv": {"GROUPED": 0, "WARPS": 2, "STAGES": 4, "DOWN_ROWS": 2, "DOWN_WARPS_K": 1},
     }
-    for on, compiled in ((True, True), (True, False), (False, True)):
+    from torch._inductor import config as inductor
+
+    cases = ((True, False, True), (True, False, False), (False, True, True), (None, True, True), (None, False, True))
+    for on, inductor_pdl, compiled in cases:  # None (the default): as torch.compile launches its kernels
         monkeypatch.setattr(moe_ring_gluon, "PDL_DOWN", on)
         monkeypatch.setattr(decode, "interpreted", lambda compiled=compiled: not compiled)
         for down, config in downs.items():
             calls.clear()
-            moe_ring_gluon.launch(hidden, *banks, ids, weights, torch.zeros_like(hidden), config, False)
+            with inductor.patch({"triton.enable_pdl": inductor_pdl}):
+                moe_ring_gluon.launch(hidden, *banks, ids, weights, torch.zeros_like(hidden), config, False)
             launched = {name: kwargs for name, _, _, kwargs in calls}
-            chained = on and compiled and down != "moe_down_gemv"
+            chained = (inductor_pdl if on is None else on) and compiled and down != "moe_down_gemv"
             assert launched["moe_gate_up_ring_kernel"]["TRIGGER"] is chained
             assert not launched["moe_gate_up_ring_kernel"].get("launch_pdl"), "the gate_up starts after the routing"
             assert launched[down].get("PDL", False) is chained and launched[down].get("launch_pdl", False) is chained
