@@ -11,10 +11,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_RESULTS = [  # every arm with vLLM's merged projections
-    ROOT / "results" / "h200-e2e-llama-6de6337-b1.json",  # 6de6337: Llama-3-8B shape, batch 1
-    ROOT / "results" / "h200-e2e-llama-22e4c07-b1b8.json",  # 22e4c07 (wgmma splits from one an SM): 8
-    ROOT / "results" / "h200-e2e-qwen3-3d985f9-b1.json",  # 3d985f9: Qwen3-30B-A3B shape, batch 1
-    ROOT / "results" / "h200-e2e-qwen3-4140803-b8.json",  # 4140803: 8
+    ROOT / "results" / "h200-e2e-llama-0d80628-pdl-b1b8.json",  # 0d80628, inductor's PDL: Llama-3-8B shape, 1, 8
+    ROOT / "results" / "h200-e2e-qwen3-0d80628-pdl-b1.json",  # Qwen3-30B-A3B shape, batch 1
+    ROOT / "results" / "h200-e2e-qwen3-6c25fba-b8.json",  # 6c25fba, inductor's PDL: 8
     ROOT / "results" / "h200-e2e-qwen3-97588c9-b16.json",  # 97588c9: 16
     ROOT / "results" / "h200-e2e-qwen3-ce9be33-b1b4.json",  # ce9be33 (before ring_layout): 4
     ROOT / "results" / "h200-e2e-qwen3-c58d18d-b32.json",  # 32 (the experts past the band)

@@ -25,7 +25,8 @@ on a load 5.2 of every 7.9 cycles, 22% occupancy for want of registers): registe
 bytes in flight, the ring does not. Same shape and GPU: 28 us at 1-8 tokens against 29-38 us
 before and cuBLAS bf16's 56-61. Layers with few rows split K (``SPLIT_K``) as ``linear_mma``
 does, and share its ordered reduce, or sum the partials in the last split of each tile to arrive
-(``FOLD_SPLITS``, ``_fold_splits``): the same sum, one launch fewer.
+(``FOLD_SPLITS``, ``_fold_splits``): the same sum, one launch fewer, and slower end to end on
+the H200 (off).
 
 At 1-4 tokens most of the MMA's 8 columns are empty, and a program walks its rows' whole K one
 step at a time. ``CHUNKS`` cuts every row in 2, 4 or 8 chunks of K: chunk ``c`` of row ``n`` is
@@ -761,8 +762,8 @@ def launch(
 # (``h200-e2e-llama-pdl-85e7a7a.json``) the seated Llama step took 2.69/2.97 ms at batch 1/8
 # against 2.57/2.91 without: the kernels before each projection were torch.compile's, which then
 # never let a kernel start early. With torch.compile's own PDL (inductor's ``triton.enable_pdl``)
-# they do: 2.07/2.52 ms against 2.25/2.69 with neither (0d80628,
-# ``h200-e2e-llama-0d80628-pdl-b1b8.json``). So ``None``: launched with PDL exactly when
+# they do: 2.07/2.52 ms at batch 1/8 (0d80628, ``h200-e2e-llama-0d80628-pdl-b1b8.json``) against
+# 2.25/2.71 without any PDL (22e4c07). So ``None``: launched with PDL exactly when
 # torch.compile launches its kernels so (``decode.launch_pdl``); True or False forces it.
 PDL_LAUNCH: bool | None = None
 
@@ -831,7 +832,9 @@ def launch_ring(
 
 
 # Split-K launches of the ring forms sum their partials in the kernel (``_fold_splits``: the last
-# split of a tile to arrive) instead of in a reduce launch after it.
+# split of a tile to arrive) instead of in a reduce launch after it. Bit for bit the reduce's on
+# the H200, and slower there: Llama-3-8B's prefill 1.15x bf16 against 1.07x with the reduce, batch
+# 8 1.76x against 1.79x (0d80628, ``h200-e2e-llama-0d80628-fold-b1b8.json`` and ``-fold-pdl-b1``). Off.
 FOLD_SPLITS = False
 # Arrival counters for folded launches, one int32 a tile: Llama-3-8B's gate_up at 128 tokens is
 # 448 x 2 tiles of 64 rows and 64 tokens.
