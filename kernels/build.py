@@ -603,19 +603,26 @@ def _build_one(job: tuple[int, int]) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m flashrt.kernels.build [--pairwise] [ARCH ...]``: build everything (or the
-    pairwise covering) on every core (ptxas is single-threaded), print each failure."""
+    """``python -m flashrt.kernels.build [--pairwise] [--gluon] [ARCH ...]``: build everything (or
+    the pairwise covering; or only the Gluon kernels, whose API moves between Triton releases) on
+    every core (ptxas is single-threaded), print the Triton it builds with and each failure."""
     import multiprocessing
     import os
     import sys
+
+    import triton
+    from triton.experimental.gluon._runtime import GluonJITFunction
 
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("unset TRITON_INTERPRET: the interpreter does not compile")
         return 2
     args = list(argv if argv is not None else sys.argv[1:])
-    covering = "--pairwise" in args
-    archs = [int(a) for a in args if a != "--pairwise"] or list(TARGETS)
-    _BUILDS[:] = pairwise(builds()) if covering else list(builds())
+    flags = {"--pairwise", "--gluon"}
+    archs = [int(a) for a in args if a not in flags] or list(TARGETS)
+    _BUILDS[:] = pairwise(builds()) if "--pairwise" in args else list(builds())
+    if "--gluon" in args:
+        _BUILDS[:] = [b for b in _BUILDS if isinstance(b.fn, GluonJITFunction)]
+    print(f"triton {triton.__version__} ({os.path.dirname(triton.__file__)})", flush=True)
     failures = 0
     with multiprocessing.get_context("fork").Pool(os.cpu_count() or 1) as pool:
         for arch in archs:

@@ -21,7 +21,8 @@ import subprocess
 import sys
 
 import pytest
-from background_build import compile_env, output
+import triton
+from background_build import H200_TRITON, compile_env, output
 from flashrt.kernels.build import TARGETS
 
 
@@ -32,6 +33,22 @@ def test_every_kernel_builds_for(arch, build_dir):
     failures = [line for line in printed.splitlines() if line.startswith(f"sm_{arch} ")]
     assert not failures, "\n".join(failures)[-4000:]
     assert f"sm_{arch}: " in printed, printed[-4000:]
+
+
+@pytest.mark.timeout(2400)
+def test_every_gluon_kernel_builds_for_sm_90_with_the_h200_s_triton(build_dir):
+    """The GPU that runs and measures the kernels has its own Triton (torch 2.11's 3.6), and
+    Gluon's API differs between releases: the Gluon kernels' covering is built with that one too
+    (``background_build.H200_TRITON``, which ``make test`` installs)."""
+    installed = sorted(H200_TRITON.glob("triton-*.dist-info"))
+    assert installed, f"no Triton in {H200_TRITON}: run make test (the Makefile's H200_TRITON)"
+    version = installed[0].name.removeprefix("triton-").removesuffix(".dist-info")
+    assert version != triton.__version__, "the H200's Triton is the suite's own: this would check nothing new"
+    printed = output(build_dir, "h200-triton")
+    assert f"triton {version} ({H200_TRITON}" in printed, printed[-4000:]
+    failures = [line for line in printed.splitlines() if line.startswith("sm_90 ")]
+    assert not failures, "\n".join(failures)[-4000:]
+    assert "sm_90: " in printed, printed[-4000:]
 
 
 def test_gluon_gemvs_keep_every_operand_in_registers_and_the_mma_form_streams_through_its_ring():
