@@ -5,9 +5,11 @@ than 48 KiB of shared memory (the ring forms, the Triton expert bank), and its d
 memory limit to the device's maximum; cuBLAS and ATen kernels keep the driver's defaults. On the
 H200 (6de6337, ``h200-e2e-llama-6de6337-b1.json``) every launch in the graphs that hold such
 kernels waited about 0.45 us after the kernel before it, ATen's included, against about 0.1 in
-the bf16 Llama graph that holds none. Whether the preference is the cause is what
-``bench/probe_graph_gaps.py`` (the preference, the limit, both) and ``bench/e2e.py
---cache-preference none`` (the preference of every Triton kernel) measure.
+the bf16 Llama graph that holds none. It is not the cause: in ``bench/probe_graph_gaps.py``
+(f1e1d2e, ``h200-probe-graph-gaps-f1e1d2e.json``) a graph of ATen adds waited 0.28 us before an
+add with the Gluon ring in it as Triton loads it, with its preference reset, with its limit cut
+and with both, as with ATen alone; torch.compile's PDL removed the wait (0d80628).
+``bench/e2e.py --cache-preference none`` resets every Triton kernel's preference (not run).
 """
 
 from __future__ import annotations

@@ -487,14 +487,16 @@ def builds() -> Iterator[Build]:
             consts = {"BLOCK_M": block_m, "E_POW2": 128, "WARPS": cfg["WARPS"], "STAGES": cfg["STAGES"]}
             consts |= {"FOLD_DOWN": ring_down, "CHUNKS": cfg.get("CHUNKS", 1), "LAYOUT": layout}
             for pdl in (False, True) if ring_down else (False,):  # the gate_up lets a PDL ring down start
+                gate_up = consts | {"TRIGGER": pdl}
                 fn = moe_ring_gluon.moe_gate_up_ring_kernel
-                sig = _with_constexprs(_MOE_GATE_UP_RING_SIG, consts | {"TRIGGER": pdl})
-                yield from unique(Build("moe_gate_up_ring", fn, sig, consts | {"TRIGGER": pdl}, cfg["WARPS"], 1))
+                sig = _with_constexprs(_MOE_GATE_UP_RING_SIG, gate_up)
+                yield from unique(Build("moe_gate_up_ring", fn, sig, gate_up, cfg["WARPS"], 1))
                 if "DOWN_SLOTS" in cfg:
                     down = {"SLOTS": 8, "WARPS": cfg["DOWN_WARPS"], "STAGES": cfg["STAGES"], "LAYOUT": layout}
+                    down |= {"PDL": pdl}
                     fn = moe_ring_gluon.moe_down_slots_ring_kernel
-                    sig = _with_constexprs(_MOE_DOWN_SLOTS_RING_SIG, down | {"PDL": pdl})
-                    yield from unique(Build("moe_down_slots_ring", fn, sig, down | {"PDL": pdl}, cfg["DOWN_WARPS"], 1))
+                    sig = _with_constexprs(_MOE_DOWN_SLOTS_RING_SIG, down)
+                    yield from unique(Build("moe_down_slots_ring", fn, sig, down, cfg["DOWN_WARPS"], 1))
                 elif "DOWN_GROUPED" in cfg:
                     down = {"BLOCK_M": moe_ring_gluon.GROUP_TILE, "E_POW2": 128, "WARPS": cfg["DOWN_WARPS"]}
                     down |= {"STAGES": cfg["STAGES"], "LAYOUT": layout, "PDL": pdl}

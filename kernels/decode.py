@@ -21,6 +21,8 @@ Two decoders compute the same bits:
 
 from __future__ import annotations
 
+import sys
+
 import triton
 import triton.language as tl
 
@@ -307,8 +309,6 @@ def inductor_pdl() -> bool:
     early. A ring form launched with PDL gains only after a kernel that lets it start; with
     inductor's PDL Llama-3-8B's seated step ran 2.07 ms against 2.25 (H200, 0d80628,
     ``h200-e2e-llama-0d80628-pdl-b1b8.json``). Inductor not imported: nothing compiled to follow."""
-    import sys
-
     config = sys.modules.get("torch._inductor.config")
     return bool(config is not None and getattr(config.triton, "enable_pdl", False))
 

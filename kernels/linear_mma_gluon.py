@@ -56,7 +56,7 @@ from __future__ import annotations
 import torch
 import triton
 from flashrt.kernels import ring_layout
-from flashrt.kernels.decode import placed_pairs, shift_ptx
+from flashrt.kernels.decode import launch_pdl, placed_pairs, shift_ptx
 from flashrt.kernels.linear_mma import reduce_splits, split_ks, split_target
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -745,8 +745,6 @@ def launch(
     """Run the kernel; ``use_prmt`` is unused. K a multiple of ``BLOCK_K`` (``configs`` offers
     nothing else), and of ``CHUNKS x BLOCK_K`` where the rows are cut in chunks. Launched with
     PDL where ``PDL_LAUNCH``."""
-    from flashrt.kernels.decode import launch_pdl
-
     chunks = config.get("CHUNKS", 1)
     chunk_words = words_per_chunk(2 * packed.shape[1], chunks)  # two elements a packed byte
     pdl = launch_pdl(PDL_LAUNCH)

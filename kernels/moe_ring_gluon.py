@@ -52,6 +52,7 @@ from __future__ import annotations
 import torch
 import triton
 from flashrt.kernels import moe_fused, moe_gemv_gluon, ring_layout
+from flashrt.kernels.decode import launch_pdl
 from flashrt.kernels.linear_mma import reduce_splits, split_ks, split_target
 from flashrt.kernels.linear_mma_gluon import (
     _EPILOGUE_FACTOR,
@@ -502,8 +503,6 @@ def launch(
             f"GROUPED={config['GROUPED']} and {k}; use CHUNKS=1"
         )
     chunk_words = words_per_chunk(k, chunks)
-    from flashrt.kernels.decode import launch_pdl
-
     pdl = ring_down and launch_pdl(PDL_DOWN)
     moe_gate_up_ring_kernel[(triton.cdiv(n, 16 * config["WARPS"] // chunks), tiles)](
         hidden,
