@@ -674,7 +674,11 @@ WALK_EXPERTS = 8
 # behind the best, so not offered). At 8 tokens 63.4 us against 65.8, at 16 113.2 against 93.2
 # (``h200-probe-moe-chunks-574c692.json``): up to 8.
 SLOTS_UPTO = 8
-MAX_TOKENS = 16  # from here on the grouped Triton form (``moe_fused``); a seat's band stops here by default
+# Rows the ring forms are offered to; past them the grouped Triton form (``moe_fused``). Up to 16
+# first: past that the e2e band sweep found the packed bank a loss, which was ``moe_fused``'s, not
+# the ring's: Qwen3-30B's full step on the H200 at 24 and 32 rows took 15.2 and 17.6 ms packed
+# against 6.9 at 16 (e8c5967, ``h200-e2e-qwen3-e8c5967-b16b32.json``), its bf16 host 15.6 and 17.9.
+MAX_TOKENS = 32
 # The banks' bits as the checkpoint has them, or in ``ring_layout`` (the ring downs only: the GEMV
 # down reads the checkpoint's).
 LAYOUTS = (ring_layout.CHECKPOINT, ring_layout.RING)
@@ -685,7 +689,7 @@ DOWN_GROUPED_FROM = 8
 
 
 def configs(t: int, n: int, k: int) -> list[dict]:
-    """Up to 16 tokens, K in whole ring steps, on a compiled GPU (Gluon has no interpreter).
+    """Up to ``MAX_TOKENS`` tokens, K in whole ring steps, on a compiled GPU (Gluon has no interpreter).
 
     What the H200 kept of 96-108 configs a token count (9a6de5f,
     ``bench/results/h200-probe-moe-ring-down.json``, Qwen3-30B's bank at 1, 8 and 16 tokens):
