@@ -10,15 +10,13 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
-DEFAULT_RESULTS = [  # every arm with vLLM's merged projections
-    ROOT / "results" / "h200-e2e-llama-0d80628-pdl-b1b8.json",  # 0d80628, inductor's PDL: Llama-3-8B shape, 1, 8
-    ROOT / "results" / "h200-e2e-qwen3-0d80628-pdl-b1.json",  # Qwen3-30B-A3B shape, batch 1
-    ROOT / "results" / "h200-e2e-qwen3-6c25fba-b8.json",  # 6c25fba, inductor's PDL: 8
-    ROOT / "results" / "h200-e2e-qwen3-97588c9-b16.json",  # 97588c9: 16
-    ROOT / "results" / "h200-e2e-qwen3-ce9be33-b1b4.json",  # ce9be33 (before ring_layout): 4
-    ROOT / "results" / "h200-e2e-qwen3-c58d18d-b32.json",  # 32 (the experts past the band)
-    ROOT / "results" / "h200-e2e-llama-merged-b4.json",  # and 4, 16, 32 (d63d0e4 from here, sdpa's attention)
-    ROOT / "results" / "h200-e2e-qwen35-merged.json",  # Qwen3.5-35B-A3B shape, batch 1 (cut at the limit)
+DEFAULT_RESULTS = [  # every arm with vLLM's merged projections, torch.compile's PDL from 0d80628 on
+    ROOT / "results" / "h200-e2e-llama-e8c5967-b1-32.json",  # e8c5967: Llama-3-8B shape, 1-32
+    ROOT / "results" / "h200-e2e-qwen3-e8c5967-b4.json",  # Qwen3-30B-A3B shape, 4
+    ROOT / "results" / "h200-e2e-qwen3-e8c5967-b16b32.json",  # 16 and 32 (past the MoE band)
+    ROOT / "results" / "h200-e2e-qwen3-0d80628-pdl-b1.json",  # 0d80628: 1
+    ROOT / "results" / "h200-e2e-qwen3-6c25fba-b8.json",  # 6c25fba: 8
+    ROOT / "results" / "h200-e2e-qwen35-merged.json",  # Qwen3.5-35B-A3B shape, batch 1 (d63d0e4, cut at the limit)
 ]
 DEFAULT_PNG = ROOT.parent / "docs" / "img" / "decode-speedup.png"
 

@@ -686,6 +686,12 @@ GATE_UP_CHUNKS = (1, 2, 4)
 # The grouped down from 8 tokens on: about 54 experts for 64 pairs there, where it tied the walk
 # (68.7 against 68.8 us, ea7c354), and it lost at one token (22.6 against 21.8).
 DOWN_GROUPED_FROM = 8
+# Past the 16 tokens where the H200 timed every way, only the two ways that won there: gate_up and
+# down both grouped by expert (Qwen3-30B's 128 experts) and the gate_up per pair with the unsplit
+# walk (Qwen3.5-35B's 256, where 16 tokens' 128 pairs meet about 100 experts; the tuning cache,
+# ``bench/tuning/``), each with its warps and stages: 16 configs to compile and time at a cold
+# first call where 16 tokens offer 40 (a cold 32-token call outran a 270 s run at 8f05645).
+TIMED_UPTO = 16
 
 
 def configs(t: int, n: int, k: int) -> list[dict]:
@@ -706,8 +712,8 @@ def configs(t: int, n: int, k: int) -> list[dict]:
     by 4/27/32% at 1/8/16 tokens. Up to ``SLOTS_UPTO`` tokens, where the inter size is whole
     ring steps, also the gate_up per pair with its rows in ``GATE_UP_CHUNKS`` chunks and the
     slot down (``DOWN_SLOTS``, 32 rows of 8 experts a program); they won every one of those
-    token counts on the H200. Fewer configs, a shorter attach: each is compiled and timed at
-    first use."""
+    token counts on the H200. Past ``TIMED_UPTO`` tokens, the ways that won at 16. Fewer
+    configs, a shorter attach: each is compiled and timed at first use."""
     from flashrt.kernels.decode import interpreted
 
     if t > MAX_TOKENS or interpreted() or k % BLOCK_K or n % 16:
@@ -721,6 +727,8 @@ def configs(t: int, n: int, k: int) -> list[dict]:
             splits = (1, *split_ks(programs, WALK_EXPERTS * n, BLOCK_K))
             downs += [{"DOWN_WARPS": warps, "DOWN_SPLIT": split} for split in splits]
     ways = [(grouped, down) for grouped in (0, 1) for down in downs]
+    if n % BLOCK_K == 0 and t > TIMED_UPTO:
+        ways = [(0, down) for down in downs if down["DOWN_SPLIT"] == 1]
     if n % BLOCK_K == 0 and t >= DOWN_GROUPED_FROM:
         ways += [(1, {"DOWN_WARPS": warps, "DOWN_GROUPED": 1}) for warps in (1, 2)]
     offered = [

@@ -41,7 +41,9 @@ class SeatProfile:
     # NVFP4 bank against the grouped bf16 bank (itself faster than vLLM's fused MoE): 1.18x/1.55x
     # at 16 rows (Qwen3-30B-A3B / Qwen3.5-35B-A3B shapes), 1.01-1.06x at 24-32, behind from 48.
     # End to end (bench/results/h200-e2e-band.json, full Qwen3-30B-A3B decode step): 1.09x at 16,
-    # 1.015x at 24, 1.009x at 32, inside the 3% margin that goes to the higher-precision path.
+    # 1.015x at 24, 1.009x at 32, inside the 3% margin that goes to the higher-precision path;
+    # again at e8c5967 (h200-e2e-qwen3-e8c5967-b16b32.json): 1.87x at 16, 1.026x at 24, 1.015x at
+    # 32. Past 16 rows those banks ran moe_fused; the ring forms serve up to 32 from 8f05645, untimed.
     moe_band_t: int = 16
     head_slab_rows: int = HEAD_SLAB_ROWS
     activations: str = "auto"

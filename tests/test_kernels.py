@@ -1224,6 +1224,25 @@ def test_ring_expert_down_walks_each_tokens_experts_on_the_folded_h(monkeypatch)
         moe_ring_gluon.launch(hidden, *banks, ids, weights, out, config, False)
 
 
+def test_ring_expert_forms_offer_past_16_tokens_only_the_ways_that_won_there(monkeypatch):
+    """Up to ``TIMED_UPTO`` every way is offered; from there to ``MAX_TOKENS`` the grouped gate_up
+    with the grouped down and the per-pair gate_up with the unsplit walk, each with its warps and
+    stages (a cold first call compiles each); past ``MAX_TOKENS`` nothing (``moe_fused`` serves)."""
+    monkeypatch.setattr(decode, "interpreted", lambda: False)  # what a compiled GPU is offered
+    k = 2048
+    for n in (768, 512):
+        timed = moe_ring_gluon.configs(moe_ring_gluon.TIMED_UPTO, n, k)
+        for tokens in (moe_ring_gluon.TIMED_UPTO + 1, moe_ring_gluon.MAX_TOKENS):
+            offered = moe_ring_gluon.configs(tokens, n, k)
+            ways = {(c["GROUPED"], "DOWN_GROUPED" in c, c.get("DOWN_SPLIT")) for c in offered}
+            assert ways == {(1, True, None), (0, False, 1)}
+            assert len(offered) == 16 < len(timed)
+            assert all(c in timed for c in offered), "each one of the ways timed at 16 tokens"
+        assert moe_ring_gluon.configs(moe_ring_gluon.MAX_TOKENS + 1, n, k) == []
+    gemv_down = moe_ring_gluon.configs(moe_ring_gluon.MAX_TOKENS, 48, 768)
+    assert gemv_down == moe_ring_gluon.configs(moe_ring_gluon.TIMED_UPTO, 48, 768), "the GEMV downs as offered"
+
+
 def test_ring_expert_chunks_and_slots_are_offered_to_few_tokens_and_launched_without_partials(monkeypatch):
     """The bank's rows cut in chunks, what CI can check without a GPU. Up to ``SLOTS_UPTO``
     tokens: the gate_up per pair with its rows in 1, 2, 4 or 8 chunks of the hidden size
