@@ -390,7 +390,7 @@ def _kernel_breakdown(graph: torch.cuda.CUDAGraph, replays: int = WARM_STEPS) ->
     them count too)."""
     try:
         launches = replayed_kernels(graph, replays)
-        kernels, idle = [e for e, _ in launches], [gap for _, gap in launches]
+        idle = sum(gap for _, gap in launches)
         totals: dict[str, list] = {}  # name: [device us, launches, idle us before them]
         for event, gap in launches:
             total = totals.setdefault(event.name, [0.0, 0, 0.0])
@@ -398,7 +398,7 @@ def _kernel_breakdown(graph: torch.cuda.CUDAGraph, replays: int = WARM_STEPS) ->
             total[1] += 1 / replays
             total[2] += gap / replays
         ranked = sorted(totals.items(), key=lambda kv: -(kv[1][0] + kv[1][2]))  # time and idle before
-        span = max(e.time_range.end for e in kernels) - min(e.time_range.start for e in kernels)
+        span = max(e.time_range.end for e, _ in launches) - min(e.time_range.start for e, _ in launches)
         return [
             *(
                 {"kernel": name[:120], "us_per_step": us, "calls_per_step": calls, "idle_before_us_per_step": gap}
@@ -408,8 +408,8 @@ def _kernel_breakdown(graph: torch.cuda.CUDAGraph, replays: int = WARM_STEPS) ->
                 "kernel": "all",
                 "us_per_step": sum(t[0] for t in totals.values()),
                 "calls_per_step": sum(t[1] for t in totals.values()),
-                "busy_us_per_step": (span - sum(idle)) / replays,
-                "idle_us_per_step": sum(idle) / replays,
+                "busy_us_per_step": (span - idle) / replays,
+                "idle_us_per_step": idle / replays,
             },
         ]
     except Exception as exc:  # a profile is an aid to the note, never a reason to lose the run

@@ -12,7 +12,7 @@ projections (qkv, o, gate_up, down), each timed by the adjudicator's ``ops._time
 graph, an L2 flush before each call, the flushes subtracted):
 
 - ``bf16``: cuBLAS on bf16 weights (the baseline);
-- ``serial``: decode, multiply, projection after projection (the dequantize form as it serves);
+- ``serial``: ``linear_dequant.launch``, projection after projection (the form as it serves);
 - ``overlap``: the first weight decoded, then each GEMM with the next weight decoded beside it
   on a second stream into the other of two buffers (the first decode is not hidden: in a model
   it would run beside the down projection of the layer before);
@@ -47,8 +47,8 @@ def arms(weights, bf16, xs, outs, buffers, side, use_prmt):
         )
 
     def serial():
-        for i, x in enumerate(xs):
-            torch.mm(x, decode(i, buffers[0]).t(), out=outs[i])
+        for w, x, out in zip(weights, xs, outs, strict=True):
+            linear_dequant.launch(x, w.packed, w.scales, w.global_scale, None, out, PASS, use_prmt)
 
     def overlap():
         main = torch.cuda.current_stream()

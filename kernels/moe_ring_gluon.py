@@ -726,9 +726,10 @@ def configs(t: int, n: int, k: int) -> list[dict]:
             programs = triton.cdiv(k, 16 * warps) * t
             splits = (1, *split_ks(programs, WALK_EXPERTS * n, BLOCK_K))
             downs += [{"DOWN_WARPS": warps, "DOWN_SPLIT": split} for split in splits]
-    ways = [(grouped, down) for grouped in (0, 1) for down in downs]
     if n % BLOCK_K == 0 and t > TIMED_UPTO:
         ways = [(0, down) for down in downs if down["DOWN_SPLIT"] == 1]
+    else:
+        ways = [(grouped, down) for grouped in (0, 1) for down in downs]
     if n % BLOCK_K == 0 and t >= DOWN_GROUPED_FROM:
         ways += [(1, {"DOWN_WARPS": warps, "DOWN_GROUPED": 1}) for warps in (1, 2)]
     offered = [
