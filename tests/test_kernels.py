@@ -1076,13 +1076,13 @@ DECODE_EXPERT_CASES += [(moe_ring_gluon, c) for c in _RING_GROUPED_DOWN]
 
 
 @pytest.mark.skipif(not ON_GPU, reason="Gluon has no interpreter; CI builds these kernels for every target")
-@pytest.mark.parametrize("t", [1, 3, 16, 32])
+@pytest.mark.parametrize("t", [1, 3, 16, 32, 64])
 @pytest.mark.parametrize(("form", "config"), DECODE_EXPERT_CASES)
 def test_decode_expert_forms_match_reference(t, form, config, device):
     """N = 48: ragged against every GEMV step of K (32 groups and up) and against the ring's 16-
     to 64-row gate tiles (its rows past N read row N - 1); K = 768, three ring steps; grouped, at
-    16 tokens 64 pairs over 16 experts, so runs span tiles and tiles hold padding, and at 32 (the
-    ring's ``MAX_TOKENS``) 128, 8 an expert on average, so runs fill tiles and spill. The ring
+    16 tokens 64 pairs over 16 experts, so runs span tiles and tiles hold padding, at 32 128, 8
+    an expert on average, so runs fill tiles and spill, and at 64 (the ring's ``MAX_TOKENS``) 256. The ring
     down walks whole ring steps of N: 512 there, two steps an expert, so its splits of the
     8-step walk at one token (4 and 8) cut through experts. Expert 0's down global scale is 0,
     as a checkpoint's pruned expert may have it: it must add nothing, not a NaN."""
