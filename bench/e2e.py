@@ -531,7 +531,7 @@ def run_model(name: str, layers: int, batches: list[int], compile_model: bool, b
     result["fused_routers"] = router_topk.install(model)
     compiled = torch.compile(model) if compile_model else model
     torch.manual_seed(1)
-    prompts = torch.randint(0, config.vocab_size, (max(batches), PROMPT), device="cuda")
+    prompts = torch.randint(0, config.vocab_size, (max([*batches, *band_batches]), PROMPT), device="cuda")
     bf16 = {}
     for b in batches:
         bf16[b] = measure(model, compiled, prompts[:b], profile_kinds=b in (1, 16))
@@ -605,6 +605,7 @@ def run_model(name: str, layers: int, batches: list[int], compile_model: bool, b
     if moe and band_batches:
         sweep = []
         for b in band_batches:
+            assert len(prompts) >= b, f"band batch {b}: {len(prompts)} prompts"  # a shorter slice measures fewer rows
             figures = {}
             for arm, band in (("packed", b), ("host", b - 1)):
                 _set_band(handle, band)
