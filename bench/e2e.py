@@ -512,7 +512,15 @@ _PROFILES = ("kernels", "prefill_kernels")  # kernel profiles of the step and of
 _PER_ROW = ("logits", *_PROFILES)  # in the rows, not the bf16 summary
 
 
-def run_model(name: str, layers: int, batches: list[int], compile_model: bool, band_batches: list[int], record) -> None:
+def run_model(
+    name: str,
+    layers: int,
+    batches: list[int],
+    compile_model: bool,
+    band_batches: list[int],
+    record,
+    profiled: tuple[int, ...],
+) -> None:
     """Both arms of one model; ``record(figures, rows)`` after every step, so a run cut short
     keeps what it measured."""
     model = build(name, layers)
@@ -534,7 +542,7 @@ def run_model(name: str, layers: int, batches: list[int], compile_model: bool, b
     prompts = torch.randint(0, config.vocab_size, (max([*batches, *band_batches]), PROMPT), device="cuda")
     bf16 = {}
     for b in batches:
-        bf16[b] = measure(model, compiled, prompts[:b], profile_kinds=b in (1, 16))
+        bf16[b] = measure(model, compiled, prompts[:b], profile_kinds=b in profiled)
         figures = bf16[b]
         print(f"  {name} bf16  batch {b:3d}: {figures['decode_tok_s']:9.1f} tok/s  prefill {figures['prefill_ms']:.2f}")
         result["bf16"] = {b: {k: v for k, v in f.items() if k not in _PER_ROW} for b, f in bf16.items()}
@@ -570,7 +578,7 @@ def run_model(name: str, layers: int, batches: list[int], compile_model: bool, b
     ours_logits = {}
     record(result, rows)
     for b in batches:
-        ours = measure(model, compiled, prompts[:b], profile_kinds=b in (1, 16))
+        ours = measure(model, compiled, prompts[:b], profile_kinds=b in profiled)
         ours_logits[b] = ours["logits"]
         row = {
             "model": name,
@@ -659,7 +667,8 @@ def _run_one(name: str, args, batches: list[int], band_batches: list[int], out: 
         out.write_text(json.dumps(result, indent=1))
 
     try:
-        run_model(name, args.layers, batches, not args.no_compile, band_batches, record)
+        profiled = tuple(int(b) for b in args.profile_batches.split(",") if b)
+        run_model(name, args.layers, batches, not args.no_compile, band_batches, record, profiled)
     except Exception as exc:  # one model that cannot run here must not lose the others
         import traceback
 
@@ -676,6 +685,7 @@ def _on_gpus(names: list[str], args, out: Path, result: dict) -> None:
 
     gpus = torch.cuda.device_count()
     rest = ["--layers", str(args.layers), "--batches", args.batches, "--band-batches", args.band_batches]
+    rest += ["--profile-batches", args.profile_batches]
     rest += ["--no-compile"] if args.no_compile else []
     rest += ["--cache-preference", args.cache_preference, "--split-sum", args.split_sum]
     rest += ["--inductor-pdl", args.inductor_pdl] if args.inductor_pdl else []
@@ -702,7 +712,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="llama3-8b,qwen3-30b-a3b", help=f"of {', '.join(MODELS)}")
     parser.add_argument("--layers", type=int, default=0, help="0: full depth")
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
-    parser.add_argument("--band-batches", default="8,16,24,32", help="MoE band sweep: batches to measure")
+    parser.add_argument("--band-batches", default="16,32,48,64", help="MoE band sweep: batches to measure")
+    parser.add_argument("--profile-batches", default="1,16", help="batches whose step and prefill get a kernel profile")
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument(
         "--cache-preference",

@@ -25,7 +25,7 @@ class Profile:
     seats: tuple[str, ...] = SEAT_KINDS
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
-    moe_band_t: int = 16
+    moe_band_t: int = 64  # the runtime's default (flashrt.runtime.profile), kept equal by a test
     parity_floor: float = 0.99
     strict: bool = False
     retain_host_experts: bool = True
@@ -90,7 +90,9 @@ def from_object(obj: Mapping) -> Profile:
     for kind, on in seats.items():
         _expect(on, bool, f"spec.seats.{kind}", "need true or false")
     kinds = tuple(k for k in SEAT_KINDS if seats.get(k, True))
-    band = _expect(spec.get("moeBandT", 16), int, "spec.moeBandT", "need a positive integer (token rows)")
+    band = _expect(
+        spec.get("moeBandT", Profile.moe_band_t), int, "spec.moeBandT", "need a positive integer (token rows)"
+    )
     if band < 1:
         raise ValueError(f"spec.moeBandT: got {band}, need a positive integer (token rows)")
     floor = _expect(spec.get("parityFloor", 0.99), (int, float), "spec.parityFloor", "need a number in (0, 1]")

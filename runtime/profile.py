@@ -43,8 +43,11 @@ class SeatProfile:
     # End to end (bench/results/h200-e2e-band.json, full Qwen3-30B-A3B decode step): 1.09x at 16,
     # 1.015x at 24, 1.009x at 32, inside the 3% margin that goes to the higher-precision path;
     # again at e8c5967 (h200-e2e-qwen3-e8c5967-b16b32.json): 1.87x at 16, 1.026x at 24, 1.015x at
-    # 32. Past 16 rows those banks ran moe_fused; the ring forms serve up to 32 from 8f05645, untimed.
-    moe_band_t: int = 16
+    # 32. Past 16 rows those banks ran moe_fused. The ring forms, offered to 64 rows from ef53668,
+    # pay all the way there: 1.93x/2.07x at 24/32 (h200-e2e-qwen3-51ae3f9-b32-band32.json), 2.35x/2.51x
+    # at 48/64 (h200-e2e-qwen3-416ab12-b16-band64.json), so the band is the ring's reach. Measured
+    # on Hopper only: elsewhere moe_fused serves the band (1.015x the host at 32 rows on the H200).
+    moe_band_t: int = 64
     head_slab_rows: int = HEAD_SLAB_ROWS
     activations: str = "auto"
 
@@ -127,7 +130,7 @@ ENV = (
         "FLASHRT_MOE_BAND_T",
         "moe_band_t",
         _int,
-        "Token rows up to which the packed expert bank serves; 16 by default, where it stops paying on an H200.",
+        "Token rows up to which the packed expert bank serves; 64 by default, where it paid 2.5x on an H200.",
     ),
     EnvVar("FLASHRT_HEAD_SLAB_ROWS", "head_slab_rows", _int, "Rows per LM-head slab."),
     EnvVar(

@@ -129,7 +129,10 @@ def test_dashboard_and_alerts_use_documented_metrics_and_show_every_seat_metric(
 
 
 def test_crd_is_valid_and_its_defaults_are_the_profile_defaults():
+    """The CRD, the operator's profile and the runtime's agree: a profile that sets nothing
+    gives a pod the runtime's own defaults."""
     from flashrt.operator.profile import Profile, from_object
+    from flashrt.runtime.profile import SeatProfile
 
     crd = yaml.safe_load(CRD.read_text())
     kubernetes_validate.validate(crd, K8S, strict=True)
@@ -141,6 +144,7 @@ def test_crd_is_valid_and_its_defaults_are_the_profile_defaults():
         Profile().parity_floor,
         Profile().moe_band_t,
     )
+    assert (Profile().parity_floor, Profile().moe_band_t) == (SeatProfile().parity_floor, SeatProfile().moe_band_t)
 
 
 def test_dockerfile_passes_hadolint():
