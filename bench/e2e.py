@@ -552,6 +552,8 @@ def run_model(
     # FLASHRT_* settings apply as in a served engine, e.g. FLASHRT_RETAIN_HOST_EXPERTS=0 sends the
     # 128-token prefill through the packed banks too, so the first-step logits exercise them.
     profile = from_env(base=SeatProfile(parity_floor=0.98 if moe else 0.99))
+    if profile.moe_band_t is None:  # the band a seat on this GPU resolves (``ops.moe_band``)
+        profile = dataclasses.replace(profile, moe_band_t=ops.moe_band(torch.device("cuda")))
     result["parity_floor"] = profile.parity_floor
     result["retain_host_experts"], result["moe_band_t"] = profile.retain_host_experts, profile.moe_band_t
     torch.cuda.synchronize()

@@ -681,7 +681,7 @@ SLOTS_UPTO = 8
 # The ring at 24 and 32 rows (band 32): 2808.8 and 3524.8 tok/s against the host's 1452.2 and
 # 1701.2 (51ae3f9, ``h200-e2e-qwen3-51ae3f9-b32-band32.json``); offered to 64, at 48 and 64 rows
 # 5254.2 and 6727.5 against 2238.5 and 2678.2 (416ab12, ``h200-e2e-qwen3-416ab12-b16-band64.json``).
-# The runtime's MoE band is this reach (``moe_band_t``).
+# Where the ring serves, the runtime's MoE band is this reach (``ops.moe_band``).
 MAX_TOKENS = 64
 # The banks' bits as the checkpoint has them, or in ``ring_layout`` (the ring downs only: the GEMV
 # down reads the checkpoint's).

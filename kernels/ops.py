@@ -316,6 +316,21 @@ def for_serving(w: NVFP4Weight) -> NVFP4Weight:
     return w
 
 
+# Rows up to which a packed expert bank serves where a profile leaves the band unset. Where the
+# ring expert forms serve (Hopper), their reach: the full Qwen3-30B-A3B step ran the packed bank
+# 1.93/2.07/2.35/2.51x its bf16 host at 24/32/48/64 rows on the H200 (51ae3f9 and 416ab12,
+# ``h200-e2e-qwen3-51ae3f9-b32-band32.json``, ``h200-e2e-qwen3-416ab12-b16-band64.json``).
+# Elsewhere ``moe_fused`` serves past 16 rows, which ran that step 1.026x and 1.015x the host at
+# 24 and 32 rows (e8c5967, ``h200-e2e-qwen3-e8c5967-b16b32.json``), inside the 3% margin that
+# goes to the higher-precision path, and 0.88x the same design on bf16 weights at 64 tokens.
+FUSED_MOE_BAND = 16
+
+
+def moe_band(device: torch.device) -> int:
+    """The MoE band for a bank on ``device`` when the profile sets none (``FUSED_MOE_BAND``)."""
+    return moe_ring_gluon.MAX_TOKENS if _ring_layout_serves(device) else FUSED_MOE_BAND
+
+
 def bank_for_serving(gate_up: NVFP4Weight, down: NVFP4Weight, max_tokens: int) -> tuple[NVFP4Weight, NVFP4Weight]:
     """An expert bank's two weights in one layout: ``ring_layout`` where the ring expert form
     serves every row count the seat sends the bank (``max_tokens``: past ``moe_ring_gluon.MAX_TOKENS``

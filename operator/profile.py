@@ -25,7 +25,7 @@ class Profile:
     seats: tuple[str, ...] = SEAT_KINDS
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
-    moe_band_t: int = 64  # the runtime's default (flashrt.runtime.profile), kept equal by a test
+    moe_band_t: int | None = None  # None: the runtime picks the GPU's own band (flashrt.runtime.profile)
     parity_floor: float = 0.99
     strict: bool = False
     retain_host_experts: bool = True
@@ -46,12 +46,13 @@ class Profile:
         """The ``FLASHRT_*`` variables this profile sets in the vLLM container."""
         env = [
             ("FLASHRT_KINDS", ",".join(self.seats)),
-            ("FLASHRT_MOE_BAND_T", str(self.moe_band_t)),
             ("FLASHRT_PARITY_FLOOR", str(self.parity_floor)),
             ("FLASHRT_STRICT", "1" if self.strict else "0"),
             ("FLASHRT_RETAIN_HOST_EXPERTS", "1" if self.retain_host_experts else "0"),
             ("FLASHRT_ACTIVATIONS", self.activations),
         ]
+        if self.moe_band_t is not None:
+            env.append(("FLASHRT_MOE_BAND_T", str(self.moe_band_t)))
         if self.include:
             env.append(("FLASHRT_INCLUDE", ",".join(self.include)))
         if self.exclude:
@@ -90,10 +91,8 @@ def from_object(obj: Mapping) -> Profile:
     for kind, on in seats.items():
         _expect(on, bool, f"spec.seats.{kind}", "need true or false")
     kinds = tuple(k for k in SEAT_KINDS if seats.get(k, True))
-    band = _expect(
-        spec.get("moeBandT", Profile.moe_band_t), int, "spec.moeBandT", "need a positive integer (token rows)"
-    )
-    if band < 1:
+    band = spec.get("moeBandT")  # unset: the runtime picks the GPU's own
+    if band is not None and _expect(band, int, "spec.moeBandT", "need a positive integer (token rows)") < 1:
         raise ValueError(f"spec.moeBandT: got {band}, need a positive integer (token rows)")
     floor = _expect(spec.get("parityFloor", 0.99), (int, float), "spec.parityFloor", "need a number in (0, 1]")
     if not 0 < floor <= 1:

@@ -37,17 +37,9 @@ class SeatProfile:
     strict: bool = False  # nothing seated becomes an error instead of a report
     max_faults: int = 3  # a seam that raises this many times detaches itself
     retain_host_experts: bool = True  # keep bf16 experts for rows above the band (memory: +1x bank)
-    # Token rows up to which the packed bank serves. H200 (bench/results/h200-moe-band.json), the
-    # NVFP4 bank against the grouped bf16 bank (itself faster than vLLM's fused MoE): 1.18x/1.55x
-    # at 16 rows (Qwen3-30B-A3B / Qwen3.5-35B-A3B shapes), 1.01-1.06x at 24-32, behind from 48.
-    # End to end (bench/results/h200-e2e-band.json, full Qwen3-30B-A3B decode step): 1.09x at 16,
-    # 1.015x at 24, 1.009x at 32, inside the 3% margin that goes to the higher-precision path;
-    # again at e8c5967 (h200-e2e-qwen3-e8c5967-b16b32.json): 1.87x at 16, 1.026x at 24, 1.015x at
-    # 32. Past 16 rows those banks ran moe_fused. The ring forms, offered to 64 rows from ef53668,
-    # pay all the way there: 1.93x/2.07x at 24/32 (h200-e2e-qwen3-51ae3f9-b32-band32.json), 2.35x/2.51x
-    # at 48/64 (h200-e2e-qwen3-416ab12-b16-band64.json), so the band is the ring's reach. Measured
-    # on Hopper only: elsewhere moe_fused serves the band (1.015x the host at 32 rows on the H200).
-    moe_band_t: int = 64
+    # Token rows up to which the packed bank serves; None: the device's own (``ops.moe_band``:
+    # 64 where the ring expert forms serve, 16 elsewhere), resolved when a bank is bound.
+    moe_band_t: int | None = None
     head_slab_rows: int = HEAD_SLAB_ROWS
     activations: str = "auto"
 
@@ -61,6 +53,8 @@ class SeatProfile:
             raise ValueError(f"parity_floor: {self.parity_floor} is outside (0, 1]; 0.99 is the default")
         for name in ("min_params", "max_faults", "moe_band_t", "head_slab_rows"):
             value = getattr(self, name)
+            if name == "moe_band_t" and value is None:
+                continue
             if not isinstance(value, int) or value < (0 if name == "min_params" else 1):
                 raise ValueError(f"{name}: {value!r} must be a positive integer")
 
@@ -130,7 +124,7 @@ ENV = (
         "FLASHRT_MOE_BAND_T",
         "moe_band_t",
         _int,
-        "Token rows up to which the packed expert bank serves; 64 by default, where it paid 2.5x on an H200.",
+        "Token rows up to which the packed expert bank serves; unset: the GPU's own, 64 on Hopper and 16 elsewhere.",
     ),
     EnvVar("FLASHRT_HEAD_SLAB_ROWS", "head_slab_rows", _int, "Rows per LM-head slab."),
     EnvVar(

@@ -22,7 +22,7 @@ from __future__ import annotations
 import fnmatch
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -322,6 +322,11 @@ class ProjectionSeat(Seat):
         return run
 
 
+def _with_band(profile: SeatProfile, device: torch.device) -> SeatProfile:
+    """The profile with its MoE band set: the profile's own, or the device's (``ops.moe_band``)."""
+    return profile if profile.moe_band_t is not None else replace(profile, moe_band_t=ops.moe_band(device))
+
+
 class ExpertSeat(Seat):
     """A fused expert bank: rows up to the MoE band go to the packed bank, more to the host."""
 
@@ -331,6 +336,7 @@ class ExpertSeat(Seat):
         if gu_w.shape[2] % 16 or dn_w.shape[2] % 16:
             raise Refused(f"hidden {gu_w.shape[2]} or intermediate {dn_w.shape[2]} is not a multiple of 16")
         host_forward = module.forward  # what the bank computes now: the class's forward or the caller's
+        self.profile = _with_band(self.profile, gu_w.device)
         gate_up, down = quantize(gu_w.detach()), quantize(dn_w.detach())
         if self.profile.retain_host_experts:  # the host serves past the band; a bank that serves all keeps its layout
             gate_up, down = ops.bank_for_serving(gate_up, down, self.profile.moe_band_t)

@@ -30,6 +30,7 @@ from flashrt.runtime.seats import (
     _calibration,
     _cosine,
     _serving,
+    _with_band,
     attach,
     routing_projections,
     serve_linear,
@@ -186,6 +187,7 @@ class MoESeat(QuantMethodSeat):
         w2 = getattr(layer, f"{_STASH}_w2_weight", layer.w2_weight)
         if w13.dtype not in (torch.bfloat16, torch.float16):
             raise Refused(f"expert weight dtype {w13.dtype}: only unquantized bf16/fp16 banks are seated")
+        self.profile = _with_band(self.profile, w13.device)
         gate_up, down = ops.bank_for_serving(quantize(w13.detach()), quantize(w2.detach()), self.profile.moe_band_t)
         e, k = w13.shape[0], w13.shape[2]
         x = _calibration(CALIBRATION_ROWS, k, w13)

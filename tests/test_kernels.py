@@ -931,7 +931,9 @@ def test_seats_take_the_ring_layout_where_every_row_count_can_read_it(monkeypatc
     gu, dn = _bank(4, 256, 512, torch.device("cpu"))
     ragged = _bank(4, 48, 512, torch.device("cpu"))
     assert ops.for_serving(q) is q and ops.bank_for_serving(gu, dn, 16) == (gu, dn), "the CPU keeps the checkpoint's"
+    assert ops.moe_band(torch.device("cpu")) == ops.FUSED_MOE_BAND, "no ring: the band moe_fused paid to"
     monkeypatch.setattr(ops, "_ring_layout_serves", lambda device: True)
+    assert ops.moe_band(torch.device("cpu")) == moe_ring_gluon.MAX_TOKENS, "the ring: the band is its reach"
     assert ops.for_serving(q).layout == ring_layout.RING and ops.for_serving(odd) is odd
     assert all(w.layout == ring_layout.RING for w in ops.bank_for_serving(gu, dn, moe_ring_gluon.MAX_TOKENS))
     assert ops.bank_for_serving(gu, dn, moe_ring_gluon.MAX_TOKENS + 1) == (gu, dn)

@@ -1,11 +1,12 @@
 """Seats on real transformers models built from small configs with random weights (CPU, reference kernels)."""
 
+import dataclasses
 import hashlib
 
 import pytest
 import torch
 import torch.nn.functional as F
-from flashrt.kernels import ring_layout
+from flashrt.kernels import moe_ring_gluon, ops, ring_layout
 from flashrt.runtime import SeatProfile, attach, discover, from_env
 from flashrt.runtime.metrics import render
 
@@ -87,11 +88,10 @@ def test_seats_in_the_ring_layout_compute_the_checkpoints_numbers_and_detach_bit
     steps (256, not 128) and the band sends it at most the ring form's rows; on the CPU the
     reference reads either layout, so the logits are the checkpoint layout's bit for bit, and
     detach gives the model back."""
-    from flashrt.kernels import ops
-
     prompt = torch.randint(0, 1024, (2, 12))
     model = make()
-    handle = attach(model, PROFILE)
+    profile = dataclasses.replace(PROFILE, moe_band_t=moe_ring_gluon.MAX_TOKENS)  # both arms' banks serve the 24 rows
+    handle = attach(model, profile)
     with torch.no_grad():
         checkpoint_logits = model(prompt).logits
     handle.detach()
@@ -100,7 +100,7 @@ def test_seats_in_the_ring_layout_compute_the_checkpoints_numbers_and_detach_bit
     monkeypatch.setattr(ops, "for_serving", _recording(ops.for_serving, dense))
     monkeypatch.setattr(ops, "bank_for_serving", _recording(ops.bank_for_serving, bank_pairs))
     monkeypatch.setattr(ops, "_ring_layout_serves", lambda device: True)
-    handle = attach(model, PROFILE)
+    handle = attach(model, profile)
     with torch.no_grad():
         ring_logits = model(prompt).logits
     assert dense and all(w.layout == ring_layout.RING for w in dense)
@@ -321,6 +321,22 @@ def test_expert_rows_above_the_band_go_to_the_retained_host_bank():
         model(torch.randint(0, 1024, (1, 3)))  # 3 rows: the packed bank
         served = seat.calls
         model(torch.randint(0, 1024, (1, 9)))  # 9 rows: above the band, the host bank
+    assert served > 0 and seat.calls == served
+    handle.detach()
+
+
+def test_an_unset_band_is_the_devices_own(monkeypatch):
+    """No ``moe_band_t`` in the profile: the bank serves up to ``ops.moe_band`` of its device's
+    rows (16 on this CPU, 64 where the ring forms serve), and the seat's report says which."""
+    model = _qwen3_moe()
+    monkeypatch.setattr(ops, "moe_band", lambda device: 5)
+    handle = attach(model, SeatProfile(min_params=0, kinds=("experts",), parity_floor=FLOOR))
+    seat = handle.seats[0]
+    assert seat.profile.moe_band_t == 5 and seat.reason.startswith("band 5 rows")
+    with torch.no_grad():
+        model(torch.randint(0, 1024, (1, 5)))  # 5 rows: the packed bank
+        served = seat.calls
+        model(torch.randint(0, 1024, (1, 6)))  # 6: above the band, the host bank
     assert served > 0 and seat.calls == served
     handle.detach()
 
