@@ -768,7 +768,8 @@ def main(argv: list[str] | None = None) -> int:
         "rows": [],
     }
     gpu = result["device"].lower().replace("nvidia ", "").replace(" ", "-")
-    out = Path(args.out or Path(__file__).resolve().parent / "results" / f"{gpu}-e2e.json")
+    # A run's own file; ``plot-e2e`` merges the runs it lists into ``{gpu}-e2e.json``.
+    out = Path(args.out or Path(__file__).resolve().parent / "results" / f"{gpu}-e2e-{result['commit'][:7]}.json")
     names = args.models.split(",")
     if torch.cuda.device_count() > 1 and len(names) > 1:
         _on_gpus(names, args, out, result)

@@ -1,7 +1,9 @@
-"""``python -m flashrt.bench plot-e2e [RESULT ...] [PNG]``: decode speedup against batch, one line a
-model, from e2e results (default ``DEFAULT_RESULTS`` to ``docs/img/decode-speedup.png``). A model
-and batch measured in several results is drawn from the first that has it; the title names the
-device and the commits the figures came from."""
+"""``python -m flashrt.bench plot-e2e [RESULT ...] [PNG]``: the e2e runs merged into one result and
+drawn, decode speedup against batch, one line a model (default ``DEFAULT_RESULTS`` to
+``bench/results/h200-e2e.json`` and ``docs/img/decode-speedup.png``). A model and batch measured
+in several runs is taken from the first that has it, with that run's commit, date and file; the
+merged result keeps the provenance all runs share (device, versions) and lists their commits.
+Runs of another device or other versions are not merged: their ratios are not comparable."""
 
 from __future__ import annotations
 
@@ -20,6 +22,9 @@ DEFAULT_RESULTS = [  # every arm with vLLM's merged projections, torch.compile's
     ROOT / "results" / "h200-e2e-qwen35-merged.json",  # Qwen3.5-35B-A3B shape, batch 1 (d63d0e4, cut at the limit)
 ]
 DEFAULT_PNG = ROOT.parent / "docs" / "img" / "decode-speedup.png"
+DEFAULT_MERGED = ROOT / "results" / "h200-e2e.json"
+# What every merged run must share; a row's own commit, date and file go into the row.
+SHARED = ("device", "capability", "cuda", "torch", "triton", "transformers", "prompt_tokens", "generated_tokens")
 
 
 def merged_rows(results: list[dict]) -> list[dict]:
@@ -33,6 +38,27 @@ def merged_rows(results: list[dict]) -> list[dict]:
     return rows
 
 
+def merged_result(paths: list[Path]) -> dict:
+    """The runs at ``paths`` as one result: what they share, and their rows (``merged_rows``),
+    each with its run's ``commit``, ``date`` and ``source``; ``commit`` and ``sources`` list the
+    runs the rows came from."""
+    results = [json.loads(path.read_text()) for path in paths]
+    for key in SHARED:
+        values = {str(r.get(key)) for r in results}
+        if len(values) > 1:
+            raise ValueError(f"{key}: the runs differ ({', '.join(sorted(values))}); merge runs of one setup")
+    tagged = [
+        {"rows": [row | {"commit": r["commit"], "date": r["date"], "source": path.name} for row in r["rows"]]}
+        for path, r in zip(paths, results, strict=True)
+    ]
+    rows = merged_rows(tagged)
+    return {key: results[0].get(key) for key in SHARED} | {
+        "commit": list(dict.fromkeys(row["commit"] for row in rows)),  # the runs a row came from
+        "sources": list(dict.fromkeys(row["source"] for row in rows)),
+        "rows": rows,
+    }
+
+
 def series(rows: list[dict]) -> dict[str, tuple[list[int], list[float]]]:
     """Per model, (batches, ours/bf16 decode tokens/s) in batch order."""
     out: dict[str, tuple[list[int], list[float]]] = {}
@@ -43,14 +69,14 @@ def series(rows: list[dict]) -> dict[str, tuple[list[int], list[float]]]:
     return out
 
 
-def plot(result_paths: list[Path] | None = None, png: Path = DEFAULT_PNG) -> dict[str, tuple[list[int], list[float]]]:
+def plot(merged: dict, png: Path = DEFAULT_PNG) -> dict[str, tuple[list[int], list[float]]]:
+    """``merged`` (``merged_result``) drawn into ``png``; the lines drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    results = [json.loads(path.read_text()) for path in result_paths or DEFAULT_RESULTS]
-    lines = series(merged_rows(results))
+    lines = series(merged["rows"])
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
     for label, (batches, speedups) in lines.items():
         ax.plot(batches, speedups, marker="o", label=label)
@@ -60,8 +86,8 @@ def plot(result_paths: list[Path] | None = None, png: Path = DEFAULT_PNG) -> dic
     ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.set_xlabel("batch (sequences decoding together)")
     ax.set_ylabel("decode tokens/s, NVFP4 seats / bf16")
-    commits = ", ".join(dict.fromkeys(r["commit"][:7] for r in results))
-    ax.set_title(f"{results[0]['device']}, torch {results[0]['torch']}\ncommits {commits}", fontsize=9)
+    commits = ", ".join(c[:7] for c in merged["commit"])
+    ax.set_title(f"{merged['device']}, torch {merged['torch']}\ncommits {commits}", fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -73,9 +99,13 @@ def plot(result_paths: list[Path] | None = None, png: Path = DEFAULT_PNG) -> dic
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    results = [Path(a) for a in argv if not a.endswith(".png")] or None
+    paths = [Path(a) for a in argv if not a.endswith(".png")]
     png = next((Path(a) for a in argv if a.endswith(".png")), DEFAULT_PNG)
-    for label, (batches, speedups) in plot(results, png).items():
+    merged = merged_result(paths or DEFAULT_RESULTS)
+    if not paths:  # the committed table: the default runs merged
+        DEFAULT_MERGED.write_text(json.dumps(merged, indent=1) + "\n")
+        print(f"wrote {DEFAULT_MERGED}")
+    for label, (batches, speedups) in plot(merged, png).items():
         print(f"{label}: " + ", ".join(f"{b}: x{s:.2f}" for b, s in zip(batches, speedups, strict=True)))
     print(f"wrote {png}")
     return 0

@@ -174,24 +174,40 @@ def test_merged_projections_compute_what_the_separate_ones_compute(kind, groups,
     assert len(names) == linears - removed
 
 
-def test_the_speedup_figure_is_drawn_from_the_committed_result(tmp_path):
+def test_the_committed_e2e_result_is_the_listed_runs_merged_and_the_figure_draws_it(tmp_path):
+    """``bench/results/h200-e2e.json`` is exactly ``DEFAULT_RESULTS`` merged (a run added to the
+    list and not merged, or a hand edit, fails here); each (model, batch) once, from the first run
+    that has it, with that run's commit and file; runs of other versions are refused."""
     import json
 
     from flashrt.bench import plot_e2e
 
-    png = tmp_path / "speedup.png"
-    lines = plot_e2e.plot(None, png)
-    results = [json.loads(path.read_text()) for path in plot_e2e.DEFAULT_RESULTS]
-    rows = plot_e2e.merged_rows(results)
-    everywhere = [(r["model"], r["batch"]) for result in results for r in result["rows"]]
-    assert len({(r["model"], r["batch"]) for r in rows}) == len(rows) == len(set(everywhere))
-    again = plot_e2e.merged_rows([*results, *results])  # a measurement already drawn is not drawn twice
-    assert len(again) == len(rows) and all(a is r for a, r in zip(again, rows, strict=True))
-    for row in rows:  # each from the first result that has it
+    merged = plot_e2e.merged_result(plot_e2e.DEFAULT_RESULTS)
+    assert json.loads(plot_e2e.DEFAULT_MERGED.read_text()) == json.loads(json.dumps(merged))
+    results = {path.name: json.loads(path.read_text()) for path in plot_e2e.DEFAULT_RESULTS}
+    rows = merged["rows"]
+    everywhere = {(r["model"], r["batch"]) for result in results.values() for r in result["rows"]}
+    assert len({(r["model"], r["batch"]) for r in rows}) == len(rows) == len(everywhere)
+    for row in rows:  # each from the first run that has it, as that run measured it
         first = next(
-            res for res in results if any((r["model"], r["batch"]) == (row["model"], row["batch"]) for r in res["rows"])
+            name
+            for name, res in results.items()
+            if any((r["model"], r["batch"]) == (row["model"], row["batch"]) for r in res["rows"])
         )
-        assert any(r is row for r in first["rows"])
+        own = next(r for r in results[first]["rows"] if (r["model"], r["batch"]) == (row["model"], row["batch"]))
+        assert row["source"] == first and row["commit"] == results[first]["commit"] and row == own | row
+    assert merged["commit"] == list(dict.fromkeys(r["commit"] for r in rows))
+    assert all(merged[key] == results[merged["sources"][0]][key] for key in plot_e2e.SHARED)
+    again = plot_e2e.merged_rows([*results.values(), *results.values()])  # a measurement is taken once
+    assert len(again) == len(rows)
+
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(results[merged["sources"][0]] | {"torch": "2.99"}))
+    with pytest.raises(ValueError, match="torch: the runs differ"):
+        plot_e2e.merged_result([plot_e2e.DEFAULT_RESULTS[0], other])
+
+    png = tmp_path / "speedup.png"
+    lines = plot_e2e.plot(merged, png)
     assert sum(len(b) for b, _ in lines.values()) == len(rows) > 0 and len(lines) == 3
     for label, (batches, speedups) in lines.items():
         assert batches == sorted(batches)
