@@ -47,7 +47,7 @@ from flashrt.bench.kernels import provenance
 from flashrt.kernels import linear_mma_gluon, moe_fused, ops
 from flashrt.runtime import SeatProfile, attach
 from flashrt.runtime.profile import from_env
-from flashrt.runtime.seats import _is_expert_bank
+from flashrt.runtime.seats import _is_expert_bank, _with_band
 
 PROMPT, GENERATED, WARM_STEPS = 128, 128, 3
 BATCHES = (1, 4, 8, 16, 32)
@@ -552,8 +552,7 @@ def run_model(
     # FLASHRT_* settings apply as in a served engine, e.g. FLASHRT_RETAIN_HOST_EXPERTS=0 sends the
     # 128-token prefill through the packed banks too, so the first-step logits exercise them.
     profile = from_env(base=SeatProfile(parity_floor=0.98 if moe else 0.99))
-    if profile.moe_band_t is None:  # the band a seat on this GPU resolves (``ops.moe_band``)
-        profile = dataclasses.replace(profile, moe_band_t=ops.moe_band(torch.device("cuda")))
+    profile = _with_band(profile, torch.device("cuda"))  # the band a seat on this GPU resolves
     result["parity_floor"] = profile.parity_floor
     result["retain_host_experts"], result["moe_band_t"] = profile.retain_host_experts, profile.moe_band_t
     torch.cuda.synchronize()
@@ -615,7 +614,6 @@ def run_model(
     if moe and band_batches:
         sweep = []
         for b in band_batches:
-            assert len(prompts) >= b, f"band batch {b}: {len(prompts)} prompts"  # a shorter slice measures fewer rows
             figures = {}
             for arm, band in (("packed", b), ("host", b - 1)):
                 _set_band(handle, band)
@@ -650,13 +648,16 @@ def run_model(
 def _run_here(names: list[str], args, out: Path, result: dict) -> None:
     batches = [int(b) for b in args.batches.split(",")]
     band_batches = [int(b) for b in args.band_batches.split(",") if b]
+    profiled = tuple(int(b) for b in args.profile_batches.split(",") if b)
     for name in names:
-        _run_one(name, args, batches, band_batches, out, result)
+        _run_one(name, args, batches, band_batches, profiled, out, result)
         torch._dynamo.reset()
         torch.cuda.empty_cache()
 
 
-def _run_one(name: str, args, batches: list[int], band_batches: list[int], out: Path, result: dict) -> None:
+def _run_one(
+    name: str, args, batches: list[int], band_batches: list[int], profiled: tuple[int, ...], out: Path, result: dict
+) -> None:
     """One model into ``result``, written to ``out`` after every step; an error is recorded."""
     start = time.perf_counter()
     done_rows, done_models = list(result["rows"]), list(result["models"])
@@ -669,7 +670,6 @@ def _run_one(name: str, args, batches: list[int], band_batches: list[int], out: 
         out.write_text(json.dumps(result, indent=1))
 
     try:
-        profiled = tuple(int(b) for b in args.profile_batches.split(",") if b)
         run_model(name, args.layers, batches, not args.no_compile, band_batches, record, profiled)
     except Exception as exc:  # one model that cannot run here must not lose the others
         import traceback

@@ -5,7 +5,8 @@ the weight in registers again for every tile of tokens: on the H200 a seated Lla
 model prefilled 128-4096 rows at 1.7-2.0x the bf16 time through those forms (f55fc09,
 ``git show a51a0c1:bench/results/h200-e2e.json``). Decoding once is a pass over the weight (0.56
 bytes read and 2 written a parameter) that a GEMM over ``MIN_ROWS`` rows or more mostly hides;
-the adjudicator measures whether it pays for each shape. The decoded copy is transient: it lives for one call.
+the adjudicator measures whether it pays for each shape. The decoded copy is transient: it lives
+for one call.
 
 The kernel writes each weight element as ``e2m1 * e4m3`` (exact in bf16) times the global scale,
 rounded once to the activations' dtype: the same numbers ``nvfp4.dequantize`` gives.
