@@ -323,12 +323,27 @@ def _replay_ms(graph: torch.cuda.CUDAGraph, times: int) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def measure(model, compiled, prompt: torch.Tensor, profile_kinds: bool = False) -> dict:
+def batch_program(model, compile_model: bool, backend: str = "inductor"):
+    """The decode step's program for one batch: compiled afresh, its shapes static.
+
+    Under ``torch.compile``'s default a second batch size recompiles with a symbolic batch, and
+    local profile-guided compilation keeps that on disk for later processes, so a batch's figure
+    depended on what ran before it. Qwen3-30B at 8 sequences took 5.87 ms a step measured after
+    batch 1 (51ae3f9), 4.96 and 4.79 ms measured alone (6c25fba, 2b124ad; H200). A serving
+    engine captures one graph per batch size; each batch here is the program a run of that
+    batch alone compiles."""
+    if not compile_model:
+        return model
+    torch._dynamo.reset()
+    return torch.compile(model, dynamic=False, backend=backend)
+
+
+def measure(model, compile_model: bool, prompt: torch.Tensor, profile_kinds: bool = False) -> dict:
     """Prefill time, first-step logits and decode tokens/s at ``prompt``'s batch.
 
     Prefill and the decode step are each captured in a CUDA graph, so both arms are timed on
     the device alone: eager launches would add each arm's host dispatch to its figure."""
-    run = DecodeRun(model, compiled, prompt)
+    run = DecodeRun(model, batch_program(model, compile_model), prompt)
     with torch.no_grad():
         logits = run.prefill()  # first calls of every shape (adjudication, tuning) outside capture
         warm_start = time.perf_counter()
@@ -537,12 +552,11 @@ def run_model(
     moe = banks > 0
     result["expert_banks"] = banks
     result["fused_routers"] = router_topk.install(model)
-    compiled = torch.compile(model) if compile_model else model
     torch.manual_seed(1)
     prompts = torch.randint(0, config.vocab_size, (max([*batches, *band_batches]), PROMPT), device="cuda")
     bf16 = {}
     for b in batches:
-        bf16[b] = measure(model, compiled, prompts[:b], profile_kinds=b in profiled)
+        bf16[b] = measure(model, compile_model, prompts[:b], profile_kinds=b in profiled)
         figures = bf16[b]
         print(f"  {name} bf16  batch {b:3d}: {figures['decode_tok_s']:9.1f} tok/s  prefill {figures['prefill_ms']:.2f}")
         result["bf16"] = {b: {k: v for k, v in f.items() if k not in _PER_ROW} for b, f in bf16.items()}
@@ -574,12 +588,10 @@ def run_model(
     result["seats"] = {kind: sum(1 for s in seated if s.kind == kind) for kind in ("dense", "experts", "head")} | {
         "refused": {s.name: s.reason for s in handle.seats if s.state == "refused"}
     }
-    torch._dynamo.reset()  # the seated model is another program: no guard of the bf16 one may serve it
-    compiled = torch.compile(model) if compile_model else model
     ours_logits = {}
     record(result, rows)
     for b in batches:
-        ours = measure(model, compiled, prompts[:b], profile_kinds=b in profiled)
+        ours = measure(model, compile_model, prompts[:b], profile_kinds=b in profiled)
         ours_logits[b] = ours["logits"]
         row = {
             "model": name,
@@ -617,7 +629,7 @@ def run_model(
             figures = {}
             for arm, band in (("packed", b), ("host", b - 1)):
                 _set_band(handle, band)
-                figures[arm] = measure(model, compiled, prompts[:b])["decode_tok_s"]
+                figures[arm] = measure(model, compile_model, prompts[:b])["decode_tok_s"]
             sweep.append({"batch": b, "packed_tok_s": figures["packed"], "host_tok_s": figures["host"]})
             print(f"  {name} band  batch {b:3d}: packed {figures['packed']:9.1f}  host {figures['host']:9.1f} tok/s")
             result["band_sweep"] = sweep

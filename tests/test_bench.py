@@ -44,6 +44,44 @@ def test_decode_step_computes_what_a_full_forward_computes(kind, device):
     assert torch.equal(run.token, tokens[0]) and int(run.position) == e2e.PROMPT
 
 
+def _symbolic_inputs(graph: torch.fx.GraphModule) -> list[str]:
+    """The graph's inputs that are symbolic sizes or have one."""
+    values = {node.name: node.meta.get("example_value") for node in graph.graph.nodes if node.op == "placeholder"}
+    return [
+        name
+        for name, value in values.items()
+        if isinstance(value, torch.SymInt)
+        or (isinstance(value, torch.Tensor) and any(isinstance(size, torch.SymInt) for size in value.shape))
+    ]
+
+
+def test_each_batch_steps_the_static_program_a_run_of_it_alone_compiles():
+    """Under torch.compile's default the second batch size traces a symbolic batch: a batch's
+    figure would depend on the batches measured before it in the process."""
+    model = _tiny("dense")
+    traced = []
+
+    def spy(graph, example_inputs):
+        traced.append(_symbolic_inputs(graph))
+        return graph.forward
+
+    def step(program, batch: int) -> None:
+        run = e2e.DecodeRun(model, program, torch.randint(0, 512, (batch, e2e.PROMPT)))
+        with torch.no_grad():
+            run.prefill()
+            run.step()
+
+    shared = torch.compile(model, backend=spy)
+    for batch in (1, 3):
+        step(shared, batch)
+    assert traced[0] == [] and traced[1], "the default's second batch is symbolic"
+    traced.clear()
+    for batch in (1, 3):
+        step(e2e.batch_program(model, True, backend=spy), batch)
+    assert traced == [[], []]
+    assert e2e.batch_program(model, False) is model
+
+
 def test_decode_attention_reads_each_kv_head_once_and_computes_sdpas_result(device):
     """One query token: the query heads of a key-value head as its rows give transformers' sdpa
     over the repeated cache, masked positions and all, also traced whole as the benchmark compiles
