@@ -326,12 +326,11 @@ def _replay_ms(graph: torch.cuda.CUDAGraph, times: int) -> float:
 def batch_program(model, compile_model: bool, backend: str = "inductor"):
     """The decode step's program for one batch: compiled afresh, its shapes static.
 
-    Under ``torch.compile``'s default a second batch size recompiles with a symbolic batch, and
-    local profile-guided compilation keeps that on disk for later processes, so a batch's figure
-    depended on what ran before it. Qwen3-30B at 8 sequences took 5.87 ms a step measured after
-    batch 1 (51ae3f9), 4.96 and 4.79 ms measured alone (6c25fba, 2b124ad; H200). A serving
-    engine captures one graph per batch size; each batch here is the program a run of that
-    batch alone compiles."""
+    Under ``torch.compile``'s default a second batch size recompiles with a symbolic batch, so a
+    batch's figure depended on the batches measured before it in the process. Qwen3-30B at 8
+    sequences took 5.87 ms a step measured after batch 1 (51ae3f9), 4.96 and 4.79 ms measured
+    alone (6c25fba, 2b124ad; H200). A serving engine captures one graph per batch size; each
+    batch here is the program a run of that batch alone compiles."""
     if not compile_model:
         return model
     torch._dynamo.reset()
