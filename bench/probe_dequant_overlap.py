@@ -11,12 +11,12 @@ GEMM runs would hide it, if the two share the SMs well. The arms, on two Llama l
 projections (qkv, o, gate_up, down), each timed by the adjudicator's ``ops._time_us`` (one CUDA
 graph, an L2 flush before each call, the flushes subtracted):
 
-- ``bf16``: cuBLAS on bf16 weights (the baseline);
+- ``bf16``: cuBLAS on the decoded weights, kept in bf16 (the baseline);
 - ``serial``: ``linear_dequant.launch``, projection after projection (the form as it serves);
 - ``overlap``: the first weight decoded, then each GEMM with the next weight decoded beside it
   on a second stream into the other of two buffers (the first decode is not hidden: in a model
   it would run beside the down projection of the layer before);
-- ``passes``: the eight decodes alone; ``gemms``: the eight GEMMs on decoded buffers.
+- ``passes``: the eight decodes alone.
 
 ``overlap`` and ``serial`` must give the same bits (same kernels, same inputs).
 

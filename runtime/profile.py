@@ -51,10 +51,9 @@ class SeatProfile:
             raise ValueError(f"activations: {self.activations!r}; use one of {', '.join(ACTIVATIONS)}")
         if not 0.0 < self.parity_floor <= 1.0:
             raise ValueError(f"parity_floor: {self.parity_floor} is outside (0, 1]; 0.99 is the default")
-        for name in ("min_params", "max_faults", "moe_band_t", "head_slab_rows"):
+        counts = ("min_params", "max_faults", "head_slab_rows")
+        for name in counts if self.moe_band_t is None else (*counts, "moe_band_t"):  # None: the device's band
             value = getattr(self, name)
-            if name == "moe_band_t" and value is None:
-                continue
             if not isinstance(value, int) or value < (0 if name == "min_params" else 1):
                 raise ValueError(f"{name}: {value!r} must be a positive integer")
 
