@@ -135,16 +135,25 @@ def e2m1_values(codes: torch.Tensor) -> torch.Tensor:
     return torch.where((codes & 8).bool(), -mag, mag)
 
 
+def _divide(x: torch.Tensor, divisor: float) -> torch.Tensor:
+    """``x / divisor`` rounded as IEEE division on every device. CUDA torch multiplies by the
+    reciprocal of a Python-number divisor, one bit off at times: on the H200 that made the
+    reference's bytes differ from the CPU's and the kernel's (``bench kernels`` printed
+    ``exact=False`` on expert banks at 856a2cf). A tensor divisor is divided by."""
+    return x / x.new_tensor(divisor)
+
+
 def global_scale_of(amax: torch.Tensor) -> torch.Tensor:
     """The per-tensor scale that puts ``amax`` at the largest block scale times the largest element."""
     amax = amax.float()
-    return torch.where(amax > 0, amax / (E2M1_MAX * E4M3_MAX), torch.ones_like(amax))
+    return torch.where(amax > 0, _divide(amax, E2M1_MAX * E4M3_MAX), torch.ones_like(amax))
 
 
 def quantize_reference(weight: torch.Tensor) -> NVFP4Weight:
     """Plain-torch NVFP4 quantization of ``[N, K]`` or ``[E, N, K]`` (one global scale per expert).
 
-    The definition every faster quantizer is checked against, bit for bit.
+    The definition every faster quantizer is checked against, bit for bit: the same bytes on
+    every device (``_divide``).
     """
     _check_dense("weight", weight)
     *batch, n, k = weight.shape
@@ -155,7 +164,7 @@ def quantize_reference(weight: torch.Tensor) -> NVFP4Weight:
     block_amax = blocks.abs().amax(dim=-1, keepdim=True)
     # The block holding the tensor's amax lands on 448 give or take an ulp; float8 casts of
     # anything above 448 are NaN in torch, so clamp first (the kernel rounds the same way).
-    scales = (block_amax / E2M1_MAX / g).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
+    scales = (_divide(block_amax, E2M1_MAX) / g).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
     denom = scales.float() * g
     codes = e2m1_codes(torch.where(denom > 0, blocks / denom, torch.zeros_like(blocks)))
     codes = codes.reshape(*batch, n, k // 2, 2)
