@@ -10,7 +10,7 @@ speedup (design.md, "Measured anchors").
 
 The bf16 arm's expert banks run ``moe_fused`` on bf16 weights (one grouped launch for gate_up,
 one for down, config measured per row count), faster than vLLM's fused-MoE kernel on the H200
-(bench/results/h200-kernels.json: 37.6 us at one token against vLLM's 84.3). transformers' own
+(bench/results/h200-kernels-acd7a4e.json: 37.6 us at one token against vLLM's 84.3). transformers' own
 ``grouped_mm`` reads the whole bank every step and would flatter the packed bank. The seated
 arm keeps that bf16 bank as its host for rows above the MoE band (the runtime's default
 profile); the band sweep measures decode with the packed bank and with the host bank at the

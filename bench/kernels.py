@@ -2,7 +2,10 @@
 
 Every arm is measured in the same run on the same device (``bench.timing``: CUDA graphs,
 weights rotated past L2, medians). The table goes to stdout; the JSON with its provenance to
-``bench/results/<gpu>-kernels.json``.
+``bench/results/<gpu>-kernels-<commit>.json``. A whole run is longer than one ten-minute device
+call, so ``bench/results/h200-kernels.json`` is the runs listed in ``DEFAULT_RESULTS`` merged
+(``--merge``, no GPU needed; ``bench.merge``), each row with its run's commit, file and copy
+bandwidth.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from flashrt.bench import merge
 from flashrt.bench.timing import copies_for, copy_bandwidth_tbps, eager_us, graph_us
 from flashrt.kernels import moe_fused, moe_ring_gluon, nvfp4, ops
 from flashrt.kernels.nvfp4 import NVFP4Weight
@@ -41,6 +45,28 @@ TOKENS = [1, 2, 4, 8, 16, 32, 64, 128, 512, 2048]
 # (name, E, top_k, hidden, inter)
 MOE_SHAPES = [("qwen3-30b-a3b", 128, 8, 2048, 768), ("qwen3.5-35b-a3b", 256, 8, 2048, 512)]
 MOE_TOKENS = [1, 4, 8, 16, 64, 256]
+
+RESULTS = Path(__file__).resolve().parent / "results"
+DEFAULT_RESULTS = [  # the first run that has a measurement gives it
+    RESULTS / "h200-kernels-856a2cf.json",  # quantize; linear qkv, gate_up, down, lm_head (cut at the limit)
+    RESULTS / "h200-kernels-experts-856a2cf.json",  # the expert linears and both banks
+]
+DEFAULT_MERGED = RESULTS / "h200-kernels.json"
+# What every merged run must share; a row's own commit, date, file and copy bandwidth go into the row.
+SHARED = ("device", "capability", "cuda", "torch", "triton")
+
+
+def key(row: dict) -> tuple:
+    """One measurement of the table: an op on a shape at a token count (quantize rows have none)."""
+    return row["op"], row["name"], row.get("M")
+
+
+def merged_result(paths: list[Path]) -> dict:
+    """The runs at ``paths`` as one result (``merge.merged_result``) with the issue's summary of its
+    rows; ``copy_TBps`` lists each source's copy bandwidth, in the order of ``sources``."""
+    merged = merge.merged_result(paths, SHARED, key, tags=("copy_TBps",))
+    copy = {row["source"]: row["copy_TBps"] for row in merged["rows"]}
+    return merged | {"copy_TBps": [copy[source] for source in merged["sources"]], "summary": summarize(merged["rows"])}
 
 
 def source_digest() -> str:
@@ -370,13 +396,27 @@ def bench_quantize() -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashrt.bench kernels")
-    parser.add_argument("--out", default=None, help="JSON path (default bench/results/<gpu>-kernels.json)")
+    parser.add_argument("--out", default=None, help="JSON path (default bench/results/<gpu>-kernels-<commit>.json)")
+    parser.add_argument(
+        "--merge",
+        nargs="*",
+        metavar="RESULT",
+        help="measure nothing: write the RESULTs (default: DEFAULT_RESULTS) merged into --out "
+        "(default bench/results/h200-kernels.json)",
+    )
     parser.add_argument("--quick", action="store_true", help="M in {1, 16, 64} only")
     parser.add_argument("--only", choices=["linear", "moe", "quantize"], action="append")
     parser.add_argument("--moe-tokens", default=None, help="comma-separated T for the expert bank (the band sweep)")
     parser.add_argument("--tokens", default=None, help="comma-separated M for the linear layers")
     parser.add_argument("--shapes", default=None, help="comma-separated linear layer names (default: all)")
     args = parser.parse_args(argv)
+    if args.merge is not None:
+        merged = merged_result([Path(p) for p in args.merge] or DEFAULT_RESULTS)
+        out = Path(args.out or DEFAULT_MERGED)
+        out.write_text(json.dumps(merged, indent=1) + "\n")
+        print(json.dumps(merged["summary"], indent=1))
+        print(f"wrote {out} from {', '.join(merged['sources'])}")
+        return 0
     if not torch.cuda.is_available():
         print("flashrt bench kernels needs a CUDA GPU: this machine has none (torch.cuda.is_available() is False).")
         return 2
@@ -399,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     gpu = result["device"].lower().replace("nvidia ", "").replace(" ", "-")
-    out = Path(args.out or Path(__file__).resolve().parent / "results" / f"{gpu}-kernels.json")
+    out = Path(args.out or RESULTS / f"{gpu}-kernels-{result['commit'][:7]}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     rows = result["rows"] = []
 

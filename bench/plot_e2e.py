@@ -11,9 +11,13 @@ import json
 import sys
 from pathlib import Path
 
+from flashrt.bench import merge
+
 ROOT = Path(__file__).resolve().parent
 DEFAULT_RESULTS = [  # every arm with vLLM's merged projections, torch.compile's PDL from 0d80628 on
-    ROOT / "results" / "h200-e2e-llama-e8c5967-b1-32.json",  # e8c5967: Llama-3-8B shape, 1-32
+    ROOT / "results" / "h200-e2e-llama-856a2cf-b4b8.json",  # 856a2cf: Llama-3-8B shape, 4 and 8 (static batch)
+    ROOT / "results" / "h200-e2e-llama-856a2cf-b16b32.json",  # 856a2cf: 16 and 32 (static batch)
+    ROOT / "results" / "h200-e2e-llama-e8c5967-b1-32.json",  # e8c5967: 1 (its 4-32 ran with a symbolic batch)
     ROOT / "results" / "h200-e2e-qwen3-e8c5967-b4.json",  # Qwen3-30B-A3B shape, 4
     ROOT / "results" / "h200-e2e-qwen3-2b124ad-b8.json",  # 2b124ad: 8 (profiled)
     ROOT / "results" / "h200-e2e-qwen3-51ae3f9-b1b8.json",  # 51ae3f9: 1 (and 8, drawn from 2b124ad)
@@ -27,36 +31,15 @@ DEFAULT_MERGED = ROOT / "results" / "h200-e2e.json"
 SHARED = ("device", "capability", "cuda", "torch", "triton", "transformers", "prompt_tokens", "generated_tokens")
 
 
-def merged_rows(results: list[dict]) -> list[dict]:
-    """The rows of ``results``, each (model, batch) once: from the first result that has it."""
-    seen, rows = set(), []
-    for result in results:
-        for row in result["rows"]:
-            if (row["model"], row["batch"]) not in seen:
-                seen.add((row["model"], row["batch"]))
-                rows.append(row)
-    return rows
+def key(row: dict) -> tuple[str, int]:
+    """One measurement of the table: a model at a batch."""
+    return row["model"], row["batch"]
 
 
 def merged_result(paths: list[Path]) -> dict:
-    """The runs at ``paths`` as one result: what they share, and their rows (``merged_rows``),
-    each with its run's ``commit``, ``date`` and ``source``; ``commit`` and ``sources`` list the
-    runs the rows came from."""
-    results = [json.loads(path.read_text()) for path in paths]
-    for key in SHARED:
-        values = {str(r.get(key)) for r in results}
-        if len(values) > 1:
-            raise ValueError(f"{key}: the runs differ ({', '.join(sorted(values))}); merge runs of one setup")
-    tagged = [
-        {"rows": [row | {"commit": r["commit"], "date": r["date"], "source": path.name} for row in r["rows"]]}
-        for path, r in zip(paths, results, strict=True)
-    ]
-    rows = merged_rows(tagged)
-    return {key: results[0].get(key) for key in SHARED} | {
-        "commit": list(dict.fromkeys(row["commit"] for row in rows)),  # the runs a row came from
-        "sources": list(dict.fromkeys(row["source"] for row in rows)),
-        "rows": rows,
-    }
+    """The runs at ``paths`` as one result (``merge.merged_result``): a (model, batch) from the
+    first run that has it."""
+    return merge.merged_result(paths, SHARED, key)
 
 
 def series(rows: list[dict]) -> dict[str, tuple[list[int], list[float]]]:

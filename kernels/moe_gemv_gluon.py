@@ -333,7 +333,7 @@ def configs(t: int, n: int, k: int) -> list[dict]:
     interpreter). Two or four rows a thread (gate_up doubles them: gate and up rows): one token's
     8 experts x 768 rows is 6144 rows, so larger blocks would leave SMs idle; warps split K (2048
     or 768 along a row) 1-4 ways. One row a thread and 16-byte loads never won on the H200
-    (bench/results/h200-kernels.json, h200-moe-band.json). Both kernels keep the next step in
+    (bench/results/h200-kernels-acd7a4e.json, h200-moe-band.json). Both kernels keep the next step in
     flight."""
     from flashrt.kernels.decode import interpreted
 

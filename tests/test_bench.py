@@ -218,7 +218,7 @@ def test_the_committed_e2e_result_is_the_listed_runs_merged_and_the_figure_draws
     that has it, with that run's commit and file; runs of other versions are refused."""
     import json
 
-    from flashrt.bench import plot_e2e
+    from flashrt.bench import merge, plot_e2e
 
     merged = plot_e2e.merged_result(plot_e2e.DEFAULT_RESULTS)
     assert json.loads(plot_e2e.DEFAULT_MERGED.read_text()) == json.loads(json.dumps(merged))
@@ -236,7 +236,7 @@ def test_the_committed_e2e_result_is_the_listed_runs_merged_and_the_figure_draws
         assert row["source"] == first and row["commit"] == results[first]["commit"] and row == own | row
     assert merged["commit"] == list(dict.fromkeys(r["commit"] for r in rows))
     assert all(merged[key] == results[merged["sources"][0]][key] for key in plot_e2e.SHARED)
-    again = plot_e2e.merged_rows([*results.values(), *results.values()])  # a measurement is taken once
+    again = merge.merged_rows([*results.values(), *results.values()], plot_e2e.key)  # a measurement is taken once
     assert len(again) == len(rows)
 
     other = tmp_path / "other.json"
@@ -253,6 +253,45 @@ def test_the_committed_e2e_result_is_the_listed_runs_merged_and_the_figure_draws
             row = next(r for r in rows if label.startswith(r["model"] + " ") and r["batch"] == b)
             assert s == pytest.approx(row["ours_tok_s"] / row["bf16_tok_s"])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_committed_kernel_table_is_the_listed_runs_merged(tmp_path):
+    """``bench/results/h200-kernels.json`` is exactly ``kernels.DEFAULT_RESULTS`` merged by
+    ``kernels --merge``: every measurement once, from the first run that has it, with that run's
+    commit, file and copy bandwidth, and the issue's summary of those rows."""
+    import json
+    import math
+
+    from flashrt.bench import kernels
+
+    out = tmp_path / "kernels.json"
+    assert kernels.main(["--merge", *map(str, kernels.DEFAULT_RESULTS), "--out", str(out)]) == 0
+    merged = json.loads(out.read_text())
+    assert json.loads(kernels.DEFAULT_MERGED.read_text()) == merged
+    runs = {path.name: json.loads(path.read_text()) for path in kernels.DEFAULT_RESULTS}
+    keys = [kernels.key(r) for r in merged["rows"]]
+    assert len(set(keys)) == len(keys) and set(keys) == {kernels.key(r) for run in runs.values() for r in run["rows"]}
+    for row in merged["rows"]:
+        first = next(name for name, run in runs.items() if any(kernels.key(r) == kernels.key(row) for r in run["rows"]))
+        own = next(r for r in runs[first]["rows"] if kernels.key(r) == kernels.key(row))
+        assert row == own | {"commit": runs[first]["commit"], "date": runs[first]["date"]} | {
+            "copy_TBps": runs[first]["copy_TBps"],
+            "source": first,
+        }
+    assert merged["copy_TBps"] == [runs[source]["copy_TBps"] for source in merged["sources"]]
+    anchors = [
+        r["speedup_vs_bf16"]
+        for r in merged["rows"]
+        if r["op"] == "linear" and r["M"] == 1 and r["name"] in {"qkv", "gate_up", "down", "lm_head"}
+    ]
+    assert len(anchors) == 4
+    geomean = math.exp(sum(map(math.log, anchors)) / 4)
+    assert merged["summary"]["linear_M1_geomean_vs_bf16"] == pytest.approx(geomean)
+    for row in merged["rows"]:  # the issue's fields
+        if row["op"] == "linear":
+            assert {"N", "K", "M", "ours_us", "bf16_us", "fp8_us", "int4_us", "bandwidth_frac"} <= set(row)
+        if row["op"] == "moe":
+            assert {"E", "top_k", "ours_us", "bf16_us", "grouped_mm_us", "loop_us", "bandwidth_frac"} <= set(row)
 
 
 def test_w4a4_emulation_of_the_bank_is_the_w4a4_kernels_arithmetic():
