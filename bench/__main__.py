@@ -1,4 +1,4 @@
-"""usage: python -m flashrt.bench kernels [--quick] [--only linear|moe|quantize] [--out PATH]
+"""usage: python -m flashrt.bench kernels [--quick] [--only linear|moe|quantize] [--out PATH] | --merge [RESULT ...]
 python -m flashrt.bench seats [--layers N] [--tokens N] [--out PATH]
 python -m flashrt.bench e2e [--models a,b] [--layers N] [--batches 1,4,...] [--out PATH]
 python -m flashrt.bench plot-e2e [RESULT ...] [PNG]

@@ -137,9 +137,11 @@ def e2m1_values(codes: torch.Tensor) -> torch.Tensor:
 
 def _divide(x: torch.Tensor, divisor: float) -> torch.Tensor:
     """``x / divisor`` rounded as IEEE division on every device. CUDA torch multiplies by the
-    reciprocal of a Python-number divisor, one bit off at times: on the H200 that made the
-    reference's bytes differ from the CPU's and the kernel's (``bench kernels`` printed
-    ``exact=False`` on expert banks at 856a2cf). A tensor divisor is divided by."""
+    reciprocal of a Python-number divisor instead ("may lose one bit of precision", its
+    ``BinaryDivTrueKernel.cu``), and a tensor divisor it divides by. On the H200 at 856a2cf
+    ``bench kernels`` found the reference run there differing from the kernel on expert banks
+    (``matches_reference`` false), while the GPU test, which ran the reference on the CPU,
+    passed bit for bit."""
     return x / x.new_tensor(divisor)
 
 
