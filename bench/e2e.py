@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from flashrt.bench import cache_preference, decode_attention, router_topk
+from flashrt.bench import cache_preference, decode_attention, merge, router_topk
 from flashrt.bench.kernels import provenance
 from flashrt.kernels import linear_mma_gluon, moe_fused, ops
 from flashrt.runtime import SeatProfile, attach
@@ -780,7 +780,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     gpu = result["device"].lower().replace("nvidia ", "").replace(" ", "-")
     # A run's own file; ``plot-e2e`` merges the runs it lists into ``{gpu}-e2e.json``.
-    out = Path(args.out or Path(__file__).resolve().parent / "results" / f"{gpu}-e2e-{result['commit'][:7]}.json")
+    out = Path(args.out or merge.RESULTS / f"{gpu}-e2e-{result['commit'][:7]}.json")
     names = args.models.split(",")
     if torch.cuda.device_count() > 1 and len(names) > 1:
         _on_gpus(names, args, out, result)

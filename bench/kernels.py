@@ -46,7 +46,7 @@ TOKENS = [1, 2, 4, 8, 16, 32, 64, 128, 512, 2048]
 MOE_SHAPES = [("qwen3-30b-a3b", 128, 8, 2048, 768), ("qwen3.5-35b-a3b", 256, 8, 2048, 512)]
 MOE_TOKENS = [1, 4, 8, 16, 64, 256]
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = merge.RESULTS
 DEFAULT_RESULTS = [  # the first run that has a measurement gives it
     RESULTS / "h200-kernels-856a2cf.json",  # quantize; linear qkv, gate_up, down, lm_head (cut at the limit)
     RESULTS / "h200-kernels-experts-856a2cf.json",  # the expert linears and both banks

@@ -13,6 +13,8 @@ from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 
 Key = Callable[[dict], Hashable]
+# Where every benchmark writes its runs and the merged tables live.
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def merged_rows(results: Sequence[dict], key: Key) -> list[dict]:

@@ -13,20 +13,19 @@ from pathlib import Path
 
 from flashrt.bench import merge
 
-ROOT = Path(__file__).resolve().parent
 DEFAULT_RESULTS = [  # every arm with vLLM's merged projections, torch.compile's PDL from 0d80628 on
-    ROOT / "results" / "h200-e2e-llama-856a2cf-b4b8.json",  # 856a2cf: Llama-3-8B shape, 4 and 8 (static batch)
-    ROOT / "results" / "h200-e2e-llama-856a2cf-b16b32.json",  # 856a2cf: 16 and 32 (static batch)
-    ROOT / "results" / "h200-e2e-llama-e8c5967-b1-32.json",  # e8c5967: 1 (its 4-32 ran with a symbolic batch)
-    ROOT / "results" / "h200-e2e-qwen3-e8c5967-b4.json",  # Qwen3-30B-A3B shape, 4
-    ROOT / "results" / "h200-e2e-qwen3-2b124ad-b8.json",  # 2b124ad: 8 (profiled)
-    ROOT / "results" / "h200-e2e-qwen3-51ae3f9-b1b8.json",  # 51ae3f9: 1 (and 8, drawn from 2b124ad)
-    ROOT / "results" / "h200-e2e-qwen3-416ab12-b16-band64.json",  # 416ab12: 16 (the band of 64)
-    ROOT / "results" / "h200-e2e-qwen3-ef53668-b32-band64.json",  # ef53668: 32 (its band sweep void)
-    ROOT / "results" / "h200-e2e-qwen35-merged.json",  # Qwen3.5-35B-A3B shape, batch 1 (d63d0e4, cut at the limit)
+    merge.RESULTS / "h200-e2e-llama-856a2cf-b4b8.json",  # 856a2cf: Llama-3-8B shape, 4 and 8 (static batch)
+    merge.RESULTS / "h200-e2e-llama-856a2cf-b16b32.json",  # 856a2cf: 16 and 32 (static batch)
+    merge.RESULTS / "h200-e2e-llama-e8c5967-b1-32.json",  # e8c5967: 1 (its 4-32 ran with a symbolic batch)
+    merge.RESULTS / "h200-e2e-qwen3-e8c5967-b4.json",  # Qwen3-30B-A3B shape, 4
+    merge.RESULTS / "h200-e2e-qwen3-2b124ad-b8.json",  # 2b124ad: 8 (profiled)
+    merge.RESULTS / "h200-e2e-qwen3-51ae3f9-b1b8.json",  # 51ae3f9: 1 (and 8, drawn from 2b124ad)
+    merge.RESULTS / "h200-e2e-qwen3-416ab12-b16-band64.json",  # 416ab12: 16 (the band of 64)
+    merge.RESULTS / "h200-e2e-qwen3-ef53668-b32-band64.json",  # ef53668: 32 (its band sweep void)
+    merge.RESULTS / "h200-e2e-qwen35-merged.json",  # Qwen3.5-35B-A3B shape, batch 1 (d63d0e4, cut at the limit)
 ]
-DEFAULT_PNG = ROOT.parent / "docs" / "img" / "decode-speedup.png"
-DEFAULT_MERGED = ROOT / "results" / "h200-e2e.json"
+DEFAULT_PNG = Path(__file__).resolve().parents[1] / "docs" / "img" / "decode-speedup.png"
+DEFAULT_MERGED = merge.RESULTS / "h200-e2e.json"
 # What every merged run must share; a row's own commit, date and file go into the row.
 SHARED = ("device", "capability", "cuda", "torch", "triton", "transformers", "prompt_tokens", "generated_tokens")
 
