@@ -674,6 +674,11 @@ WALK_EXPERTS = 8
 # behind the best, so not offered). At 8 tokens 63.4 us against 65.8, at 16 113.2 against 93.2
 # (``h200-probe-moe-chunks-574c692.json``): up to 8.
 SLOTS_UPTO = 8
+# The slot down's warps: 32-row programs, or 64 (8 output rows of 8 experts), never timed until
+# b14cfbb (``bench/probe_wide.py``, ``h200-probe-wide-b14cfbb.json``, the bank in ring layout):
+# the best config with 4 took the bank at 2/4/8 tokens in 21.36/33.75/56.86 us against
+# 21.97/34.28/57.74 with 2, and at one token was 2% behind (14.51 against 14.23).
+SLOT_DOWN_WARPS = (2, 4)
 # Rows the ring forms are offered to; past them the grouped Triton form (``moe_fused``). Up to 16
 # first: past that the e2e band sweep found the packed bank a loss, which was ``moe_fused``'s, not
 # the ring's: Qwen3-30B's full step on the H200 at 24 and 32 rows took 15.2 and 17.6 ms packed
@@ -715,7 +720,7 @@ def configs(t: int, n: int, k: int) -> list[dict]:
     token, four rows otherwise: ``h200-kernels-moe-prefetch2.json``), which lost to the walk
     by 4/27/32% at 1/8/16 tokens. Up to ``SLOTS_UPTO`` tokens, where the inter size is whole
     ring steps, also the gate_up per pair with its rows in ``GATE_UP_CHUNKS`` chunks and the
-    slot down (``DOWN_SLOTS``, 32 rows of 8 experts a program); they won every one of those
+    slot down (``DOWN_SLOTS``, 32 or 64 rows of 8 experts a program); they won every one of those
     token counts on the H200. Past ``TIMED_UPTO`` tokens, the ways that won at 16. Fewer
     configs, a shorter attach: each is compiled and timed at first use."""
     from flashrt.kernels.decode import interpreted
@@ -744,9 +749,10 @@ def configs(t: int, n: int, k: int) -> list[dict]:
     ]
     if n % BLOCK_K == 0 and t <= SLOTS_UPTO:
         offered += [
-            {"GROUPED": 0, "WARPS": warps, "STAGES": 4, "CHUNKS": chunks, "DOWN_WARPS": 2, "DOWN_SLOTS": 1}
+            {"GROUPED": 0, "WARPS": warps, "STAGES": 4, "CHUNKS": chunks, "DOWN_WARPS": down_warps, "DOWN_SLOTS": 1}
             for chunks in GATE_UP_CHUNKS
             if k % (chunks * BLOCK_K) == 0
             for warps in (1, 2)
+            for down_warps in SLOT_DOWN_WARPS
         ]
     return offered

@@ -1265,7 +1265,8 @@ def test_ring_expert_chunks_and_slots_are_offered_to_few_tokens_and_launched_wit
     e, n, k, top_k, t = 6, 512, 2048, 3, 2
     for tokens in (1, 4, 8, 9, 16):
         slotted = [c for c in moe_ring_gluon.configs(tokens, n, k) if "DOWN_SLOTS" in c]
-        assert len(slotted) == (6 if tokens <= moe_ring_gluon.SLOTS_UPTO else 0)
+        assert len(slotted) == (12 if tokens <= moe_ring_gluon.SLOTS_UPTO else 0)
+        assert {c["DOWN_WARPS"] for c in slotted} == (set(moe_ring_gluon.SLOT_DOWN_WARPS) if slotted else set())
         assert all(c["CHUNKS"] in moe_ring_gluon.GATE_UP_CHUNKS and not c["GROUPED"] for c in slotted)
     assert {c["CHUNKS"] for c in moe_ring_gluon.configs(1, n, 768) if "DOWN_SLOTS" in c} == {1}, "whole steps only"
     gu, dn, hidden, ids, weights = _cpu_expert_case(monkeypatch, e, n, k, top_k, t)
