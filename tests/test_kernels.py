@@ -1301,11 +1301,11 @@ def test_ring_expert_chunks_and_slots_are_offered_to_few_tokens_and_launched_wit
 @pytest.mark.parametrize("top_k", [8, 6, 3])
 @pytest.mark.parametrize("t", [1, 3, 8])
 def test_ring_expert_chunks_and_slots_match_reference(t, top_k, device):
-    """Every config with the rows cut in chunks offered at these tokens, and 8 chunks and 16-row
-    slot programs, not offered (a Qwen3-30B-shaped hidden size of 2048; an inter size of 512,
-    two steps an expert): top-8 fills the down's 8 slots, top-6 leaves two that must add
-    nothing, top-3 one of 4. Expert 0's down global scale is 0 (a pruned expert), the output
-    poisoned first."""
+    """Every config with the rows cut in chunks offered at these tokens (32- and 64-row slot
+    programs), and 8 chunks and 16-row slot programs, not offered (a Qwen3-30B-shaped hidden
+    size of 2048; an inter size of 512, two steps an expert): top-8 fills the down's 8 slots,
+    top-6 leaves two that must add nothing, top-3 one of 4. Expert 0's down global scale is 0
+    (a pruned expert), the output poisoned first."""
     e, n, k = 16, 512, 2048
     gu, dn = _bank(e, n, k, device)
     dn.global_scale[0] = 0.0
@@ -1314,7 +1314,7 @@ def test_ring_expert_chunks_and_slots_match_reference(t, top_k, device):
     ref = ops.moe_reference(hidden, gu, dn, ids, weights).double()
     configs = [c for c in moe_ring_gluon.configs(t, n, k) if "DOWN_SLOTS" in c]
     configs += [{"GROUPED": 0, "WARPS": w, "STAGES": 4, "CHUNKS": 8, "DOWN_WARPS": 1, "DOWN_SLOTS": 1} for w in (1, 2)]
-    assert len(configs) == 8
+    assert len(configs) == 6 * len(moe_ring_gluon.SLOT_DOWN_WARPS) + 2
     for config in configs:
         out = torch.full_like(hidden, float("nan"))
         moe_ring_gluon.launch(hidden, *_tuples(gu, dn), ids, weights, out, config, False)
