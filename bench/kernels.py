@@ -48,6 +48,8 @@ MOE_TOKENS = [1, 4, 8, 16, 64, 256]
 
 RESULTS = merge.RESULTS
 DEFAULT_RESULTS = [  # the first run that has a measurement gives it
+    RESULTS / "h200-kernels-quantize-0ea68c7.json",  # quantize, the reference run on the GPU (71fbefa)
+    RESULTS / "h200-kernels-bank-bfeb51c.json",  # both banks at 1-64 tokens, 64-row slot downs offered
     RESULTS / "h200-kernels-856a2cf.json",  # quantize; linear qkv, gate_up, down, lm_head (cut at the limit)
     RESULTS / "h200-kernels-experts-856a2cf.json",  # the expert linears and both banks
 ]
