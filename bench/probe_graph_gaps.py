@@ -1,6 +1,6 @@
 """What makes every launch in the seated graphs wait longer?
 
-Llama-3-8B on the H200 (6de6337, ``h200-e2e-llama-6de6337-b1.json``, ``idle_before`` in its
+Llama-3-8B on the H200 (6de6337, ``h200-e2e-llama-6de6337-b1.json``, ``idle_and_overlap`` in its
 kernel breakdowns): in the bf16 arm's graphs a kernel starts about 0.1 us after the one before
 it ends (decode step 57 us idle in 490 launches; prefill 345 in 1627), in the seated arm's about
 0.45 (185 in 427; 886 in 1820), and not only before our kernels: the same ATen and compiled
@@ -19,7 +19,7 @@ ingredient of the seated graphs: a plain Triton kernel every 8 adds, a Gluon rin
 maximum (where Triton's loader sets it) to what it launches with, and with both, cuBLAS bf16 on
 the same shape every 8, one device-to-device copy
 (the seated decode step has one), and a split-K reduce launched with PDL every 8. For each arm,
-the idle time before the adds (from the profiler, as ``bench/e2e.py``'s ``idle_before``) and the
+the idle time before the adds (from the profiler, as ``bench/e2e.py``'s ``idle_and_overlap``) and the
 graph's replay time.
 
 ``python3 bench/probe_graph_gaps.py OUT.json`` with flashrt importable (``bench/gpu_run.sh``).
@@ -112,15 +112,15 @@ def measure(body, replays: int = 10) -> dict:
         end.synchronize()
         times.append(start.elapsed_time(end) * 1000)
     launches = replayed_kernels(graph, replays)
-    adds = [gap for e, gap in launches if "add" in e.name.lower() and "Functor" in e.name]
+    adds = [gap for e, gap, _ in launches if "add" in e.name.lower() and "Functor" in e.name]
     by_other: dict = {}  # name: (idle before, device time) of each launch
-    for e, gap in launches:
+    for e, gap, _ in launches:
         if "Functor" not in e.name:
             by_other.setdefault(e.name[:60], []).append((gap, e.device_time))
     return {
         "graph_us": statistics.median(times),
         "launches_per_replay": len(launches) / replays,
-        "idle_us_per_replay": sum(gap for _, gap in launches) / replays,
+        "idle_us_per_replay": sum(gap for _, gap, _ in launches) / replays,
         "idle_before_add_us": statistics.mean(adds),
         "idle_before_add_median_us": statistics.median(adds),
         "idle_before_others_us": {name: statistics.mean(g for g, _ in runs) for name, runs in by_other.items()},

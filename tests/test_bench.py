@@ -365,11 +365,14 @@ def test_the_host_bench_times_every_arm_and_writes_its_provenance(tmp_path, caps
     assert "through both ops" in capsys.readouterr().out
 
 
-def test_idle_before_counts_only_time_no_kernel_ran():
-    """Two kernels overlapping (a PDL launch), a 3 us gap, one kernel inside another, in any order."""
-    assert e2e.idle_before([(0.0, 5.0), (3.0, 7.0), (10.0, 20.0), (12.0, 15.0)]) == [0.0, 0.0, 3.0, 0.0]
-    assert e2e.idle_before([(12.0, 15.0), (10.0, 20.0), (0.0, 5.0), (21.0, 22.0)]) == [0.0, 5.0, 0.0, 1.0]
-    assert e2e.idle_before([]) == []
+def test_idle_counts_only_time_no_kernel_ran_and_overlap_only_time_an_earlier_one_ran():
+    """Two kernels overlapping (a PDL launch), a 3 us gap, one kernel inside another, in any
+    order: idle before each, and the part of each that an earlier-started kernel shared."""
+    timeline = e2e.idle_and_overlap([(0.0, 5.0), (3.0, 7.0), (10.0, 20.0), (12.0, 15.0)])
+    assert timeline == [(0.0, 0.0), (0.0, 2.0), (3.0, 0.0), (0.0, 3.0)]
+    timeline = e2e.idle_and_overlap([(12.0, 15.0), (10.0, 20.0), (0.0, 5.0), (21.0, 22.0)])
+    assert timeline == [(0.0, 3.0), (5.0, 0.0), (0.0, 0.0), (1.0, 0.0)]
+    assert e2e.idle_and_overlap([]) == []
 
 
 def test_the_fold_probe_takes_every_committed_split_choice_of_the_ring_forms():
