@@ -46,14 +46,13 @@ TOKENS = [1, 2, 4, 8, 16, 32, 64, 128, 512, 2048]
 MOE_SHAPES = [("qwen3-30b-a3b", 128, 8, 2048, 768), ("qwen3.5-35b-a3b", 256, 8, 2048, 512)]
 MOE_TOKENS = [1, 4, 8, 16, 64, 256]
 
-RESULTS = merge.RESULTS
 DEFAULT_RESULTS = [  # the first run that has a measurement gives it
-    RESULTS / "h200-kernels-quantize-0ea68c7.json",  # quantize, the reference run on the GPU (71fbefa)
-    RESULTS / "h200-kernels-bank-bfeb51c.json",  # both banks at 1-64 tokens, 64-row slot downs offered
-    RESULTS / "h200-kernels-856a2cf.json",  # quantize; linear qkv, gate_up, down, lm_head (cut at the limit)
-    RESULTS / "h200-kernels-experts-856a2cf.json",  # the expert linears and both banks
+    merge.RESULTS / "h200-kernels-quantize-0ea68c7.json",  # quantize, the reference run on the GPU (71fbefa)
+    merge.RESULTS / "h200-kernels-bank-bfeb51c.json",  # both banks at 1-64 tokens, 64-row slot downs offered
+    merge.RESULTS / "h200-kernels-856a2cf.json",  # quantize; linear qkv, gate_up, down, lm_head (cut at the limit)
+    merge.RESULTS / "h200-kernels-experts-856a2cf.json",  # the expert linears and both banks
 ]
-DEFAULT_MERGED = RESULTS / "h200-kernels.json"
+DEFAULT_MERGED = merge.RESULTS / "h200-kernels.json"
 # What every merged run must share; a row's own commit, date, file and copy bandwidth go into the row.
 SHARED = ("device", "capability", "cuda", "torch", "triton")
 
@@ -441,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     gpu = result["device"].lower().replace("nvidia ", "").replace(" ", "-")
-    out = Path(args.out or RESULTS / f"{gpu}-kernels-{result['commit'][:7]}.json")
+    out = Path(args.out or merge.RESULTS / f"{gpu}-kernels-{result['commit'][:7]}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     rows = result["rows"] = []
 

@@ -21,9 +21,10 @@ import sys
 
 import torch
 from flashrt.bench.kernels import _routing, provenance
-from flashrt.bench.probe_ring_depth import HIDDEN, INTER, TOP_K, E, timed
+from flashrt.bench.probe_moe_chunks import down_reference
+from flashrt.bench.probe_ring_depth import HIDDEN, INTER, TOP_K, E, qwen3_bank, timed
 from flashrt.bench.timing import copy_bandwidth_tbps
-from flashrt.kernels import moe_ring_gluon, nvfp4, ops
+from flashrt.kernels import moe_fused, moe_ring_gluon, nvfp4, ops
 
 
 def main(path: str, tokens: tuple[int, ...] = (4, 8, 16)) -> None:
@@ -35,12 +36,12 @@ def main(path: str, tokens: tuple[int, ...] = (4, 8, 16)) -> None:
     }
     result["rows"] = rows = []
     torch.manual_seed(0)
-    gu = nvfp4.quantize(torch.randn(E, 2 * INTER, HIDDEN, device="cuda", dtype=torch.bfloat16) * 0.02)
-    dn = nvfp4.quantize(torch.randn(E, HIDDEN, INTER, device="cuda", dtype=torch.bfloat16) * 0.02)
+    gu, dn = qwen3_bank()
     served = ops.bank_for_serving(gu, dn, moe_ring_gluon.MAX_TOKENS)
     layout = served[0].layout
     banks = tuple((b.packed, b.scales, b.global_scale) for b in served)
     gu_bytes, dn_bytes = gu.nbytes / E, dn.nbytes / E
+    decoded_down = nvfp4.dequantize(dn, torch.float64)
     for t in tokens:
         x = torch.randn(t, HIDDEN, device="cuda", dtype=torch.bfloat16)
         ids, weights = _routing(t, E, TOP_K, 0)
@@ -50,15 +51,8 @@ def main(path: str, tokens: tuple[int, ...] = (4, 8, 16)) -> None:
         config = ops.launch_params(chosen, layout)
         whole = functools.partial(moe_ring_gluon.launch, x, *banks, ids, weights, out, config, False)
         h = torch.randn(t * TOP_K, INTER, device="cuda", dtype=torch.bfloat16) * 0.1
-        down_ref = torch.zeros(t, HIDDEN, dtype=torch.float64, device="cuda")
-        deq = nvfp4.dequantize(dn, torch.float64)
-        for j, e in enumerate(ids.reshape(-1).tolist()):
-            down_ref[j // TOP_K] += deq[e] / dn.global_scale[e].double() @ h[j].double()  # h carries it
-        grouping = None
-        if "DOWN_GROUPED" in config:
-            from flashrt.kernels import moe_fused
-
-            grouping = moe_fused.group_pairs(ids, E, moe_ring_gluon.GROUP_TILE)
+        down_ref = down_reference(decoded_down, dn.global_scale, ids, h)
+        grouping = moe_fused.group_pairs(ids, E, moe_ring_gluon.GROUP_TILE) if "DOWN_GROUPED" in config else None
         down = functools.partial(moe_ring_gluon.launch_down, h, banks[1], ids, out, config, grouping)
         row = {"T": t, "config": chosen.name, "bank": timed(whole, out, ref), "down": timed(down, out, down_ref)}
         saved = moe_ring_gluon.PDL_DOWN

@@ -27,9 +27,20 @@ import sys
 
 import torch
 from flashrt.bench.kernels import _routing, provenance
-from flashrt.bench.probe_ring_depth import HIDDEN, INTER, TOP_K, E, name, timed
+from flashrt.bench.probe_ring_depth import HIDDEN, INTER, TOP_K, E, name, qwen3_bank, timed
 from flashrt.bench.timing import copy_bandwidth_tbps
 from flashrt.kernels import moe_ring_gluon, nvfp4, ops
+
+
+def down_reference(decoded: torch.Tensor, global_scale: torch.Tensor, ids: torch.Tensor, h: torch.Tensor):
+    """The ring down's output for ``h [pairs, N]`` in float64: each token's experts summed, with
+    ``decoded`` the down bank dequantized and its global scales taken out (the ring folds them
+    into ``h``)."""
+    t, top_k = ids.shape
+    out = torch.zeros(t, decoded.shape[1], dtype=torch.float64, device=h.device)
+    for j, e in enumerate(ids.reshape(-1).tolist()):
+        out[j // top_k] += decoded[e] / global_scale[e].double() @ h[j].double()
+    return out
 
 
 def main(path: str, tokens: tuple[int, ...] = (1, 2, 4, 8)) -> None:
@@ -38,8 +49,7 @@ def main(path: str, tokens: tuple[int, ...] = (1, 2, 4, 8)) -> None:
     result = {**provenance(), "copy_TBps": copy_tbps, "bank": shape}
     result["rows"] = rows = []
     torch.manual_seed(0)
-    gu = nvfp4.quantize(torch.randn(E, 2 * INTER, HIDDEN, device="cuda", dtype=torch.bfloat16) * 0.02)
-    dn = nvfp4.quantize(torch.randn(E, HIDDEN, INTER, device="cuda", dtype=torch.bfloat16) * 0.02)
+    gu, dn = qwen3_bank()
     per_expert = (gu.nbytes + dn.nbytes) / E
     banks = (gu.packed, gu.scales, gu.global_scale), (dn.packed, dn.scales, dn.global_scale)
     for t in tokens:
@@ -73,10 +83,7 @@ def main(path: str, tokens: tuple[int, ...] = (1, 2, 4, 8)) -> None:
             json.dump(result, f, indent=1)
         if t == 1:
             h = torch.randn(t * TOP_K, INTER, device="cuda", dtype=torch.bfloat16) * 0.1
-            down_ref = torch.zeros(t, HIDDEN, dtype=torch.float64, device="cuda")
-            deq = nvfp4.dequantize(dn, torch.float64)
-            for j, e in enumerate(ids.reshape(-1).tolist()):
-                down_ref[j // TOP_K] += deq[e] / dn.global_scale[e].double() @ h[j].double()  # h carries it
+            down_ref = down_reference(nvfp4.dequantize(dn, torch.float64), dn.global_scale, ids, h)
             downs = {}
             for c in ({"DOWN_WARPS": w, "DOWN_SPLIT": s} for w in (1, 2) for s in (1, 4, 8)):
                 run = functools.partial(moe_ring_gluon.launch_down, h, banks[1], ids, out, c | {"STAGES": 4})

@@ -41,11 +41,10 @@ from itertools import product
 
 import torch
 from flashrt.bench.kernels import _routing, provenance
+from flashrt.bench.probe_ring_depth import HIDDEN, INTER, TOP_K, E, qwen3_bank
 from flashrt.bench.timing import copy_bandwidth_tbps
-from flashrt.kernels import moe_gemv_gluon, moe_ring_gluon, nvfp4, ops
+from flashrt.kernels import moe_gemv_gluon, moe_ring_gluon, ops
 from flashrt.kernels.nvfp4 import NVFP4Weight
-
-E, TOP_K, HIDDEN, INTER = 128, 8, 2048, 768
 
 
 def stacked(bank: NVFP4Weight, experts: torch.Tensor) -> NVFP4Weight:
@@ -60,8 +59,7 @@ def stacked(bank: NVFP4Weight, experts: torch.Tensor) -> NVFP4Weight:
 
 def main(path):
     torch.manual_seed(0)
-    gu = nvfp4.quantize(torch.randn(E, 2 * INTER, HIDDEN, device="cuda", dtype=torch.bfloat16) * 0.02)
-    dn = nvfp4.quantize(torch.randn(E, HIDDEN, INTER, device="cuda", dtype=torch.bfloat16) * 0.02)
+    gu, dn = qwen3_bank()
     per_expert = (gu.nbytes + dn.nbytes) / E
     copy_tbps = copy_bandwidth_tbps()
     banks = (gu.packed, gu.scales, gu.global_scale), (dn.packed, dn.scales, dn.global_scale)

@@ -40,6 +40,14 @@ SHAPES = {
 E, TOP_K, HIDDEN, INTER = 128, 8, 2048, 768
 
 
+def qwen3_bank() -> tuple[nvfp4.NVFP4Weight, nvfp4.NVFP4Weight]:
+    """Qwen3-30B-A3B's expert bank (gate_up, down) quantized from random bf16 weights on the GPU,
+    from torch's generator as the caller seeded it."""
+    gu = nvfp4.quantize(torch.randn(E, 2 * INTER, HIDDEN, device="cuda", dtype=torch.bfloat16) * 0.02)
+    dn = nvfp4.quantize(torch.randn(E, HIDDEN, INTER, device="cuda", dtype=torch.bfloat16) * 0.02)
+    return gu, dn
+
+
 def name(config: dict) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(config.items()))
 
@@ -115,8 +123,7 @@ def dense(copy_tbps: float, rows: list, write) -> None:
 
 def bank(rows: list, write) -> None:
     torch.manual_seed(0)
-    gu = nvfp4.quantize(torch.randn(E, 2 * INTER, HIDDEN, device="cuda", dtype=torch.bfloat16) * 0.02)
-    dn = nvfp4.quantize(torch.randn(E, HIDDEN, INTER, device="cuda", dtype=torch.bfloat16) * 0.02)
+    gu, dn = qwen3_bank()
     banks = (gu.packed, gu.scales, gu.global_scale), (dn.packed, dn.scales, dn.global_scale)
     for t in (1, 8, 16):
         x = torch.randn(t, HIDDEN, device="cuda", dtype=torch.bfloat16)

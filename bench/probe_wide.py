@@ -26,7 +26,7 @@ import sys
 
 import torch
 from flashrt.bench.kernels import _routing, provenance
-from flashrt.bench.probe_ring_depth import HIDDEN, INTER, SHAPES, TOP_K, E, fastest, name, timed
+from flashrt.bench.probe_ring_depth import HIDDEN, INTER, SHAPES, TOP_K, E, fastest, name, qwen3_bank, timed
 from flashrt.bench.timing import copy_bandwidth_tbps
 from flashrt.kernels import linear_mma_gluon, moe_ring_gluon, nvfp4, ops, ring_layout
 
@@ -70,8 +70,7 @@ def report(label: str, row: dict) -> None:
 
 def bank(copy_tbps: float, rows: list, write) -> None:
     torch.manual_seed(0)
-    gu = nvfp4.quantize(torch.randn(E, 2 * INTER, HIDDEN, device="cuda", dtype=torch.bfloat16) * 0.02)
-    dn = nvfp4.quantize(torch.randn(E, HIDDEN, INTER, device="cuda", dtype=torch.bfloat16) * 0.02)
+    gu, dn = qwen3_bank()
     gu_served, dn_served = ops.bank_for_serving(gu, dn, moe_ring_gluon.MAX_TOKENS)
     layout = gu_served.layout
     per_expert = (gu.nbytes + dn.nbytes) / E
