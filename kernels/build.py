@@ -491,15 +491,16 @@ def builds() -> Iterator[Build]:
                 fn = moe_ring_gluon.moe_gate_up_ring_kernel
                 sig = _with_constexprs(_MOE_GATE_UP_RING_SIG, gate_up)
                 yield from unique(Build("moe_gate_up_ring", fn, sig, gate_up, cfg["WARPS"], 1))
+                stages = moe_ring_gluon.down_stages(cfg)
                 if "DOWN_SLOTS" in cfg:
-                    down = {"SLOTS": 8, "WARPS": cfg["DOWN_WARPS"], "STAGES": cfg["STAGES"], "LAYOUT": layout}
+                    down = {"SLOTS": 8, "WARPS": cfg["DOWN_WARPS"], "STAGES": stages, "LAYOUT": layout}
                     down |= {"PDL": pdl}
                     fn = moe_ring_gluon.moe_down_slots_ring_kernel
                     sig = _with_constexprs(_MOE_DOWN_SLOTS_RING_SIG, down)
                     yield from unique(Build("moe_down_slots_ring", fn, sig, down, cfg["DOWN_WARPS"], 1))
                 elif "DOWN_GROUPED" in cfg:
                     down = {"BLOCK_M": moe_ring_gluon.GROUP_TILE, "E_POW2": 128, "WARPS": cfg["DOWN_WARPS"]}
-                    down |= {"STAGES": cfg["STAGES"], "LAYOUT": layout, "PDL": pdl}
+                    down |= {"STAGES": stages, "LAYOUT": layout, "PDL": pdl}
                     fn = moe_ring_gluon.moe_down_grouped_ring_kernel
                     sig = _with_constexprs(_MOE_DOWN_GROUPED_RING_SIG, down)
                     yield from unique(Build("moe_down_grouped_ring", fn, sig, down, cfg["DOWN_WARPS"], 1))
@@ -509,7 +510,7 @@ def builds() -> Iterator[Build]:
                         "EXPERT_STEPS": 768 // linear_mma_gluon.BLOCK_K,
                         "WARPS": cfg["DOWN_WARPS"],
                     }
-                    down |= {"STAGES": cfg["STAGES"], "LAYOUT": layout, "PDL": pdl}
+                    down |= {"STAGES": stages, "LAYOUT": layout, "PDL": pdl}
                     sig, down = _split_build(_MOE_DOWN_RING_SIG, down, cfg["DOWN_SPLIT"])
                     fn = moe_ring_gluon.moe_down_ring_kernel
                     yield from unique(Build("moe_down_ring", fn, sig, down, cfg["DOWN_WARPS"], 1))

@@ -438,6 +438,11 @@ def moe_down_grouped_ring_kernel(
     gl.store(out, acc * _EPILOGUE_FACTOR, mask=mask)
 
 
+def down_stages(config: dict) -> int:
+    """The ring down's stages: the gate_up's unless the config sets ``DOWN_STAGES``."""
+    return config.get("DOWN_STAGES", config["STAGES"])
+
+
 # A grouped tile is the MMA's 8 columns: fewer tokens would compute 8 anyway, and at up to 16
 # tokens (128 pairs over 128 experts) one tile holds every pair of an expert but the rarest.
 GROUP_TILE = 8
@@ -587,7 +592,7 @@ def launch_down(
             scale_words.stride(1),
             SLOTS=slots,
             WARPS=warps,
-            STAGES=config["STAGES"],
+            STAGES=down_stages(config),
             LAYOUT=layout,
             PDL=pdl,
             num_warps=warps,
@@ -616,7 +621,7 @@ def launch_down(
             BLOCK_M=GROUP_TILE,
             E_POW2=triton.next_power_of_2(dn_packed.shape[0]),
             WARPS=warps,
-            STAGES=config["STAGES"],
+            STAGES=down_stages(config),
             LAYOUT=layout,
             PDL=pdl,
             num_warps=warps,
@@ -644,7 +649,7 @@ def launch_down(
         TOP_K_POW2=triton.next_power_of_2(top_k),
         EXPERT_STEPS=n // BLOCK_K,
         WARPS=warps,
-        STAGES=config["STAGES"],
+        STAGES=down_stages(config),
         SPLIT_K=split,
         LAYOUT=layout,
         PDL=pdl,
