@@ -700,6 +700,12 @@ GATE_UP_CHUNKS = (1, 2, 4)
 # The grouped down from 8 tokens on: about 54 experts for 64 pairs there, where it tied the walk
 # (68.7 against 68.8 us, ea7c354), and it lost at one token (22.6 against 21.8).
 DOWN_GROUPED_FROM = 8
+# The grouped down's warps: 32- and 64-row programs. H200, Qwen3-30B's bank at 16 tokens with
+# its grouped gate_up (13dd3dc, ``bench/probe_down_width.py``, ``h200-probe-down-width-13dd3dc.json``):
+# 85.4-85.5 us with 4 warps, 86.4-86.6 with 2, 86.3-88.4 with 8 and 90.8-95.1 with 1, which was
+# offered until then. The slot down at 8 warps or with 3 stages gained nothing either (56.8-58.5
+# against 57.2 at 8 tokens): the down's programs are not short of rows.
+GROUPED_DOWN_WARPS = (2, 4)
 # Past the 16 tokens where the H200 timed every way, only the two ways that won there: gate_up and
 # down both grouped by expert (Qwen3-30B's 128 experts) and the gate_up per pair with the unsplit
 # walk (Qwen3.5-35B's 256, where 16 tokens' 128 pairs meet about 100 experts; the tuning cache,
@@ -718,9 +724,9 @@ def configs(t: int, n: int, k: int) -> list[dict]:
     four stages. The down where the inter size is whole ring steps: the walk, 16 or 32 rows a
     program (64 were 2-55% off), unsplit and split as ``linear_mma.split_ks`` offers for its
     programs (split 4 won at one token, unsplit at 8 and 16), and from 8 tokens on grouped by
-    expert after the grouped gate_up (``DOWN_GROUPED``, 16-row programs: 100.0 against the
-    walk's best 106.5 us at 16 tokens, ea7c354, ``h200-probe-moe-ring-staged.json``; 32-row
-    programs too, which halve its 18k programs at 16 tokens, not yet timed); elsewhere the two
+    expert after the grouped gate_up (``DOWN_GROUPED``: 100.0 against the walk's best 106.5 us
+    at 16 tokens, ea7c354, ``h200-probe-moe-ring-staged.json``; 32- and 64-row programs,
+    ``GROUPED_DOWN_WARPS``); elsewhere the two
     ``moe_gemv_gluon`` layouts that won its own (two rows a thread and K split in two at one
     token, four rows otherwise: ``h200-kernels-moe-prefetch2.json``), which lost to the walk
     by 4/27/32% at 1/8/16 tokens. Up to ``SLOTS_UPTO`` tokens, where the inter size is whole
@@ -745,7 +751,7 @@ def configs(t: int, n: int, k: int) -> list[dict]:
     else:
         ways = [(grouped, down) for grouped in (0, 1) for down in downs]
     if n % BLOCK_K == 0 and t >= DOWN_GROUPED_FROM:
-        ways += [(1, {"DOWN_WARPS": warps, "DOWN_GROUPED": 1}) for warps in (1, 2)]
+        ways += [(1, {"DOWN_WARPS": warps, "DOWN_GROUPED": 1}) for warps in GROUPED_DOWN_WARPS]
     offered = [
         {"GROUPED": grouped, "WARPS": warps, "STAGES": stages, **down}
         for grouped, down in ways
