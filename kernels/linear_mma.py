@@ -174,7 +174,7 @@ def split_ks(programs: int, k: int, block_k: int, least: int = MIN_PROGRAMS) -> 
     first that brings it to ``least`` programs to the one past the first that brings it to
     ``MIN_PROGRAMS``, each split at least two ``block_k`` steps, at most 16.
 
-    ``least=SMS`` for the ``wgmma`` form at 17-256 tokens, whose programs hold a whole 128-token
+    ``least=SMS`` for the ``wgmma`` form at 17-512 tokens, whose programs hold a whole 128-token
     step: on the H200 (``bench/probe_prefill_splits.py``, ``h200-probe-prefill-splits-2463e7c.json``)
     Llama's 4096 x 4096 o_proj at 128 tokens ran 128 tiles split in two (256 programs of 8 steps)
     in 17.97 us, against 20.08 for the best config offered before (split in four) and 21.11 for

@@ -1,4 +1,4 @@
-"""Weight-only NVFP4 linear for 17-256 tokens on Hopper's warpgroup MMA (Gluon, sm_90).
+"""Weight-only NVFP4 linear for 17-512 tokens on Hopper's warpgroup MMA (Gluon, sm_90).
 
 ``y^T = W @ x^T`` (swap-AB) as ``linear_mma_gluon`` computes it, with the same ring of
 ``cp.async`` copies and the same bit-placement decode into ``mma.sync`` A-fragment registers,
@@ -226,14 +226,17 @@ PDL_CHAIN = True
 # The weight's bits as the checkpoint has them, or in ``ring_layout`` (its activations permuted to match).
 LAYOUTS = (ring_layout.CHECKPOINT, ring_layout.RING)
 RING_BYTES = 224 << 10  # sm_90's 227 KiB a block, less the compiler's own
-# The token counts it is offered for, whole adjudication buckets (17-32 ... 129-256). At 16 and
+# The token counts it is offered for, whole adjudication buckets (17-32 ... 257-512). At 16 and
 # under the ring form's 8-column MMA wastes nothing where this one's 64 would. H200: at 256
 # tokens the adjudicator chose this form for gate_up, down and the LM head and dequant-then-
-# cuBLAS for qkv (c7a942a, bench/results/h200-kernels-wgmma.json); at 512, in a scratch run of
-# this kernel before it was committed (not in the results), dequant won every Llama shape
-# (gate_up 246 against 268 us).
+# cuBLAS for qkv (c7a942a, bench/results/h200-kernels-wgmma.json). At 512 (bddf04e,
+# ``bench/probe_large_m.py``, ``h200-probe-large-m-bddf04e.json``) it beat the served dequant
+# form on the LM head (671.7 against 851.4 us), Llama's gate_up and down (251.6 against 254.9,
+# 126.8 against 128.3) and both expert-sized downs (9.3 against 11.0, 7.8 against 10.3), and lost
+# on qkv and the expert-sized gate_ups; at 2048 dequant won all four shapes timed (the small
+# ones, by 15-55%).
 MIN_TOKENS = 17
-MAX_TOKENS = 256
+MAX_TOKENS = 512
 
 
 # ``ASYNC_MMA``: chunk c + 1 decoded while chunk c's wgmma is in flight, its A fragment kept
