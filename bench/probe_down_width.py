@@ -16,8 +16,14 @@ choice, or the adjudicator's), then its gate_up with every down of: the slot dow
 warps, the grouped down at 1, 2, 4 and 8, each with 3 and 4 stages; each down alone on a fixed
 ``h`` and in the whole bank.
 
-``python3 bench/probe_down_width.py OUT.json [TOKENS ...]`` with flashrt importable
-(``bench/gpu_run.sh``); the JSON is rewritten after each token count.
+With ``--row-tiles``, the slot down at 1, 2 and 4 warps of 1, 2 and 4 row tiles a warp instead:
+Nsight Compute on the 8-token bank (``h200-ncu-ring8-db199b9.txt``) has the slot down issuing
+at about 60% of the schedulers' rate, where each warp loads the step's 8 columns of ``h`` from
+shared memory for its 16 rows (4 KiB against 2 KiB of its weights); a second row tile a warp
+uses each load twice.
+
+``python3 bench/probe_down_width.py OUT.json [TOKENS ...] [--row-tiles]`` with flashrt
+importable (``bench/gpu_run.sh``); the JSON is rewritten after each token count.
 """
 
 import functools
@@ -31,16 +37,18 @@ from flashrt.bench.probe_ring_depth import HIDDEN, INTER, TOP_K, E, fastest, nam
 from flashrt.bench.timing import copy_bandwidth_tbps
 from flashrt.kernels import moe_fused, moe_ring_gluon, nvfp4, ops
 
-DOWN_KEYS = ("DOWN_WARPS", "DOWN_STAGES", "DOWN_SLOTS", "DOWN_GROUPED", "DOWN_SPLIT")
+DOWN_KEYS = ("DOWN_WARPS", "DOWN_STAGES", "DOWN_SLOTS", "DOWN_GROUPED", "DOWN_SPLIT", "DOWN_ROW_TILES")
 
 
-def downs() -> list[dict]:
+def downs(row_tiles: bool) -> list[dict]:
+    if row_tiles:
+        return [{"DOWN_SLOTS": 1, "DOWN_WARPS": w, "DOWN_ROW_TILES": r} for w in (1, 2, 4) for r in (1, 2, 4)]
     slots = [{"DOWN_SLOTS": 1, "DOWN_WARPS": w} for w in (2, 4, 8)]
     grouped = [{"DOWN_GROUPED": 1, "DOWN_WARPS": w} for w in (1, 2, 4, 8)]
     return [{**d, "DOWN_STAGES": s} for d in slots + grouped for s in (3, 4)]
 
 
-def main(path: str, tokens: tuple[int, ...] = (4, 8, 16)) -> None:
+def main(path: str, tokens: tuple[int, ...] = (4, 8, 16), row_tiles: bool = False) -> None:
     copy_tbps = copy_bandwidth_tbps()
     result = {
         **provenance(),
@@ -66,7 +74,7 @@ def main(path: str, tokens: tuple[int, ...] = (4, 8, 16)) -> None:
         routed_down_bytes = len(ids.reshape(-1).unique()) * dn_bytes
         chosen = ops.launch_params(ops.choose_moe(x, *banks, ids, weights, layout), layout)
         gate_up = {k: v for k, v in chosen.items() if k not in DOWN_KEYS}
-        configs = [chosen] + [gate_up | d for d in downs()]
+        configs = [chosen] + [gate_up | d for d in downs(row_tiles)]
         timings = {}
         for config in configs:
             key = name(config)
@@ -98,4 +106,6 @@ def main(path: str, tokens: tuple[int, ...] = (4, 8, 16)) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], tuple(int(t) for t in sys.argv[2:]) or (4, 8, 16))
+    row_tiles = "--row-tiles" in sys.argv
+    args = [a for a in sys.argv[1:] if a != "--row-tiles"]
+    main(args[0], tuple(int(t) for t in args[1:]) or (4, 8, 16), row_tiles)

@@ -337,6 +337,7 @@ def moe_down_slots_ring_kernel(
     STAGES: gl.constexpr,
     LAYOUT: gl.constexpr,
     PDL: gl.constexpr,
+    ROW_TILES: gl.constexpr = 1,
 ):
     """The walk's sum, ``out[t, rows] = sum_j down_e(j) @ h[t * TOP_K + j]`` (h folded), with
     the token's experts side by side instead of one after the other: program row ``SLOTS n + j``
@@ -345,10 +346,10 @@ def moe_down_slots_ring_kernel(
     at most the MMA's 8 columns). One program a (block of ``16 * WARPS / SLOTS`` rows, token),
     K / ``BLOCK_K`` steps: the walk's programs take ``TOP_K`` times the steps, or split them
     into partials that a second launch reduces."""
-    BLOCK_N: gl.constexpr = 16 * WARPS
+    BLOCK_N: gl.constexpr = 16 * ROW_TILES * WARPS
     ROWS: gl.constexpr = BLOCK_N // SLOTS
     BLOCK_K: gl.constexpr = 32 * V
-    SCALES: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, words_layout(1, WARPS)))
+    SCALES: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, words_layout(ROW_TILES, WARPS)))
     WORDS_COPY: gl.constexpr = words_copy_layout(WARPS)
     ACTS_COPY: gl.constexpr = acts_copy_layout(WARPS)
 
@@ -367,8 +368,8 @@ def moe_down_slots_ring_kernel(
     x_off = _activation_offsets(token * TOP_K + slot, xr, xc, K)  # a token's pair rows lie end to end
     x_mask = gl.expand_dims(slot < TOP_K, 1)
     acc = _ring_product(
-        h_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, 0, K // BLOCK_K, SLOTS, 1, WARPS, STAGES,
-        LAYOUT=LAYOUT, PDL=PDL, TRIGGER=PDL,
+        h_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, 0, K // BLOCK_K, SLOTS, ROW_TILES, WARPS,
+        STAGES, LAYOUT=LAYOUT, PDL=PDL, TRIGGER=PDL,
     )  # fmt: skip
     acc = _sum_chunks(acc, TOP_K, SLOTS, WARPS)  # [ROWS, MMA columns / SLOTS]: column 0 the token
     OUT: gl.constexpr = acc.type.layout
@@ -576,7 +577,8 @@ def launch_down(
                 f"DOWN_SLOTS: a token's experts side by side take the MMA's 8 columns, so top_k <= 8, "
                 f"got {top_k}; use a config with DOWN_SPLIT (the walk)"
             )
-        moe_down_slots_ring_kernel[(triton.cdiv(k, 16 * warps // slots), t)](
+        row_tiles = config.get("DOWN_ROW_TILES", 1)
+        moe_down_slots_ring_kernel[(triton.cdiv(k, 16 * row_tiles * warps // slots), t)](
             h,
             words,
             scale_words,
@@ -595,6 +597,7 @@ def launch_down(
             STAGES=down_stages(config),
             LAYOUT=layout,
             PDL=pdl,
+            ROW_TILES=row_tiles,
             num_warps=warps,
             launch_pdl=pdl,
         )
