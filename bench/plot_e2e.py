@@ -14,6 +14,7 @@ from pathlib import Path
 from flashrt.bench import merge
 
 DEFAULT_RESULTS = [  # every arm with vLLM's merged projections, torch.compile's PDL from 0d80628 on
+    merge.RESULTS / "h200-e2e-llama-db199b9-b4.json",  # db199b9: 4, its 512-token prefill on the wgmma form (profiled)
     merge.RESULTS / "h200-e2e-llama-856a2cf-b4b8.json",  # 856a2cf: Llama-3-8B shape, 4 and 8 (static batch)
     merge.RESULTS / "h200-e2e-llama-856a2cf-b16b32.json",  # 856a2cf: 16 and 32 (static batch)
     merge.RESULTS / "h200-e2e-llama-e8c5967-b1-32.json",  # e8c5967: 1 (its 4-32 ran with a symbolic batch)

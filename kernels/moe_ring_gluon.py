@@ -686,6 +686,9 @@ SLOTS_UPTO = 8
 # b14cfbb (``bench/probe_wide.py``, ``h200-probe-wide-b14cfbb.json``, the bank in ring layout):
 # the best config with 4 took the bank at 2/4/8 tokens in 21.36/33.75/56.86 us against
 # 21.97/34.28/57.74 with 2, and at one token was 2% behind (14.51 against 14.23).
+# Neither 8 warps (128 rows), nor 3 stages (``DOWN_STAGES``; a 768-wide down is 3 ring steps),
+# nor two row tiles a warp (``DOWN_ROW_TILES``: a warp's loads of h serve 32 rows) gained more than
+# 1% at 1-16 tokens (13dd3dc, 5744288, ``bench/probe_down_width.py``): not offered.
 SLOT_DOWN_WARPS = (2, 4)
 # Rows the ring forms are offered to; past them the grouped Triton form (``moe_fused``). Up to 16
 # first: past that the e2e band sweep found the packed bank a loss, which was ``moe_fused``'s, not

@@ -1223,6 +1223,7 @@ def test_ring_expert_down_walks_each_tokens_experts_on_the_folded_h(monkeypatch)
         grouped_downs = [c for c in moe_ring_gluon.configs(tokens, 512, k) if "DOWN_GROUPED" in c]
         assert all(c["GROUPED"] for c in grouped_downs)
         assert len(grouped_downs) == (8 if tokens >= moe_ring_gluon.DOWN_GROUPED_FROM else 0)
+        assert {c["DOWN_WARPS"] for c in grouped_downs} <= set(moe_ring_gluon.GROUPED_DOWN_WARPS)
     with pytest.raises(ValueError, match="inter size"):
         banks = _tuples(gu, dn)
         moe_ring_gluon.launch(hidden, *banks, ids, weights, out, config, False)
@@ -1271,22 +1272,29 @@ def test_ring_expert_chunks_and_slots_are_offered_to_few_tokens_and_launched_wit
     assert {c["CHUNKS"] for c in moe_ring_gluon.configs(1, n, 768) if "DOWN_SLOTS" in c} == {1}, "whole steps only"
     gu, dn, hidden, ids, weights = _cpu_expert_case(monkeypatch, e, n, k, top_k, t)
     banks = _tuples(gu, dn)
-    for chunks, warps, down_warps in ((1, 1, 2), (2, 2, 1), (8, 1, 1)):
+    for chunks, warps, down_warps, down in (
+        (1, 1, 2, {}),
+        (2, 2, 1, {"DOWN_STAGES": 3}),
+        (8, 1, 1, {"DOWN_ROW_TILES": 2}),
+    ):
         calls.clear()
         out = torch.zeros_like(hidden)
         config = {"GROUPED": 0, "WARPS": warps, "STAGES": 4, "CHUNKS": chunks, "DOWN_WARPS": down_warps}
-        assert moe_ring_gluon.launch(hidden, *banks, ids, weights, out, config | {"DOWN_SLOTS": 1}, False) is out
+        config |= {"DOWN_SLOTS": 1} | down
+        assert moe_ring_gluon.launch(hidden, *banks, ids, weights, out, config, False) is out
         assert [c[0] for c in calls] == ["gate_up", "slots"], "no partials, no reduce"
         (_, up_grid, up_args, up_kwargs), (_, grid, args, kwargs) = calls
         assert up_grid == (triton.cdiv(n, 16 * warps // chunks), t * top_k)
         chunk_words = k // chunks // 8 if chunks > 1 else 0
         assert up_args[-2:] == (chunk_words, chunk_words // 8) and up_kwargs["CHUNKS"] == chunks
         assert up_kwargs["FOLD_DOWN"] is True and up_kwargs["BLOCK_M"] == 1
-        assert grid == (triton.cdiv(k, 16 * down_warps // 4), t) and kwargs["SLOTS"] == 4
+        row_tiles, stages = down.get("DOWN_ROW_TILES", 1), down.get("DOWN_STAGES", 4)
+        assert grid == (triton.cdiv(k, 16 * row_tiles * down_warps // 4), t) and kwargs["SLOTS"] == 4
         assert args[0] is up_args[10] and args[4] is out and torch.equal(args[3], ids.reshape(-1))
         assert torch.equal(args[1].view(torch.uint8), dn.packed) and args[5:9] == (k, n, top_k, out.stride(0))
         assert args[9:] == (*args[1].stride()[:2], *args[2].stride()[:2])
-        assert (kwargs["WARPS"], kwargs["STAGES"], kwargs["num_warps"]) == (down_warps, 4, down_warps)
+        assert (kwargs["WARPS"], kwargs["STAGES"], kwargs["num_warps"]) == (down_warps, stages, down_warps)
+        assert kwargs["ROW_TILES"] == row_tiles and up_kwargs["STAGES"] == 4, "DOWN_STAGES sets the down's alone"
     slots = {"GROUPED": 0, "WARPS": 1, "STAGES": 4, "DOWN_WARPS": 1, "DOWN_SLOTS": 1}
     with pytest.raises(ValueError, match=r"CHUNKS=4.*GROUPED=0"):
         moe_ring_gluon.launch(hidden, *banks, ids, weights, out, slots | {"GROUPED": 1, "CHUNKS": 4}, False)
