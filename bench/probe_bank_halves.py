@@ -27,21 +27,28 @@ from flashrt.bench.timing import copy_bandwidth_tbps
 from flashrt.kernels import moe_fused, moe_ring_gluon, nvfp4, ops
 
 
-def main(path: str, tokens: tuple[int, ...] = (4, 8, 16)) -> None:
-    copy_tbps = copy_bandwidth_tbps()
+def served_bank() -> tuple[dict, tuple, int, torch.Tensor]:
+    """A bank probe's start: its result's head (provenance, copy bandwidth, the bank's shape); the
+    Qwen3-30B bank, seeded, as a seat serves it on this GPU (``(gate_up, down)`` NVFP4 weights and
+    their launch tuples, and the layout); and the down dequantized in float64 for
+    ``down_reference``."""
     result = {
         **provenance(),
-        "copy_TBps": copy_tbps,
+        "copy_TBps": copy_bandwidth_tbps(),
         "bank": {"E": E, "top_k": TOP_K, "hidden": HIDDEN, "inter": INTER},
     }
-    result["rows"] = rows = []
     torch.manual_seed(0)
     gu, dn = qwen3_bank()
     served = ops.bank_for_serving(gu, dn, moe_ring_gluon.MAX_TOKENS)
-    layout = served[0].layout
     banks = tuple((b.packed, b.scales, b.global_scale) for b in served)
+    return result, ((gu, dn), banks), served[0].layout, nvfp4.dequantize(dn, torch.float64)
+
+
+def main(path: str, tokens: tuple[int, ...] = (4, 8, 16)) -> None:
+    result, ((gu, dn), banks), layout, decoded_down = served_bank()
+    copy_tbps = result["copy_TBps"]
+    result["rows"] = rows = []
     gu_bytes, dn_bytes = gu.nbytes / E, dn.nbytes / E
-    decoded_down = nvfp4.dequantize(dn, torch.float64)
     for t in tokens:
         x = torch.randn(t, HIDDEN, device="cuda", dtype=torch.bfloat16)
         ids, weights = _routing(t, E, TOP_K, 0)

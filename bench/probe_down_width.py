@@ -31,11 +31,11 @@ import json
 import sys
 
 import torch
-from flashrt.bench.kernels import _routing, provenance
+from flashrt.bench.kernels import _routing
+from flashrt.bench.probe_bank_halves import served_bank
 from flashrt.bench.probe_moe_chunks import down_reference
-from flashrt.bench.probe_ring_depth import HIDDEN, INTER, TOP_K, E, fastest, name, qwen3_bank, timed
-from flashrt.bench.timing import copy_bandwidth_tbps
-from flashrt.kernels import moe_fused, moe_ring_gluon, nvfp4, ops
+from flashrt.bench.probe_ring_depth import HIDDEN, INTER, TOP_K, E, fastest, name, timed
+from flashrt.kernels import moe_fused, moe_ring_gluon, ops
 
 DOWN_KEYS = ("DOWN_WARPS", "DOWN_STAGES", "DOWN_SLOTS", "DOWN_GROUPED", "DOWN_SPLIT", "DOWN_ROW_TILES")
 
@@ -49,20 +49,10 @@ def downs(row_tiles: bool) -> list[dict]:
 
 
 def main(path: str, tokens: tuple[int, ...] = (4, 8, 16), row_tiles: bool = False) -> None:
-    copy_tbps = copy_bandwidth_tbps()
-    result = {
-        **provenance(),
-        "copy_TBps": copy_tbps,
-        "bank": {"E": E, "top_k": TOP_K, "hidden": HIDDEN, "inter": INTER},
-    }
+    result, ((gu, dn), banks), layout, decoded_down = served_bank()
+    copy_tbps = result["copy_TBps"]
     result["rows"] = rows = []
-    torch.manual_seed(0)
-    gu, dn = qwen3_bank()
-    served = ops.bank_for_serving(gu, dn, moe_ring_gluon.MAX_TOKENS)
-    layout = served[0].layout
-    banks = tuple((b.packed, b.scales, b.global_scale) for b in served)
     dn_bytes = dn.nbytes / E
-    decoded_down = nvfp4.dequantize(dn, torch.float64)
     for t in tokens:
         x = torch.randn(t, HIDDEN, device="cuda", dtype=torch.bfloat16)
         ids, weights = _routing(t, E, TOP_K, 0)
