@@ -494,7 +494,7 @@ def builds() -> Iterator[Build]:
                 stages = moe_ring_gluon.down_stages(cfg)
                 if "DOWN_SLOTS" in cfg:
                     down = {"SLOTS": 8, "WARPS": cfg["DOWN_WARPS"], "STAGES": stages, "LAYOUT": layout}
-                    down |= {"PDL": pdl}
+                    down |= {"PDL": pdl, "ROW_TILES": cfg.get("DOWN_ROW_TILES", 1)}
                     fn = moe_ring_gluon.moe_down_slots_ring_kernel
                     sig = _with_constexprs(_MOE_DOWN_SLOTS_RING_SIG, down)
                     yield from unique(Build("moe_down_slots_ring", fn, sig, down, cfg["DOWN_WARPS"], 1))
