@@ -11,7 +11,8 @@ small layers at 512 and 2048 were never timed with it.
 Same run, each from HBM (``ops._time_us``), each checked against the reference first, weights in
 ``ring_layout``: the H200's tuned choice (``bench/tuning``), every ``wgmma`` config that
 ``configs`` would offer at that token count were the form offered there, and bf16 ``F.linear``.
-Llama's four shapes at 512 tokens, the four expert-sized ones at 64, 128, 512 and 2048.
+Llama's four shapes at 512 tokens, the four expert-sized ones at 64, 128, 512 and 2048. From
+d685263 also every 8-warp config of one row tile with 16 warps (``four_warpgroups``), not offered.
 
 ``python3 bench/probe_large_m.py OUT.json`` with flashrt importable (``bench/gpu_run.sh``); the
 JSON is rewritten after each row; stops at ``DEADLINE_S``.
@@ -40,6 +41,17 @@ def wgmma_configs(m: int, n: int, k: int) -> list[dict]:
         return linear_wgmma_gluon.configs(m, n, k)
     finally:
         linear_wgmma_gluon.MAX_TOKENS = saved
+
+
+def four_warpgroups(configs: list[dict]) -> list[dict]:
+    """The 8-warp, one-row-tile configs with 16 warps: 256-row programs, half the activation bytes
+    from L2 a weight byte. ptxas for sm_90a (Triton 3.6) gives the 128-token tile 128 registers a
+    thread and no spills with one MMA at a time, 140 bytes of spills pipelined; the 8-warp
+    2-row-tile tile of the same size, offered, takes 255 registers and spills 12 bytes. Each of
+    four warpgroups decodes while another's MMA runs."""
+    wider = [{**c, "WARPS": 16} for c in configs if c["WARPS"] == 8 and c["ROW_TILES"] == 1]
+    wider += [{**c, "ASYNC_MMA": 1 - c["ASYNC_MMA"]} for c in wider]
+    return [c for c in wider if linear_wgmma_gluon.ring_bytes(c) <= linear_wgmma_gluon.RING_BYTES]
 
 
 def main(path: str) -> None:
@@ -71,11 +83,18 @@ def main(path: str) -> None:
             wgmma = {name(c): timed(functools.partial(run, "wgmma_gluon", c), out, ref) for c in wgmma_configs(m, n, k)}
             row["wgmma_us"], row["wgmma_config"] = fastest(wgmma)
             row["wgmma"] = wgmma
+            wide = {
+                name(c): timed(functools.partial(run, "wgmma_gluon", c), out, ref)
+                for c in four_warpgroups(wgmma_configs(m, n, k))
+            }
+            row["wgmma16_us"], row["wgmma16_config"] = fastest(wide)
+            row["wgmma16"] = wide
             result["rows"].append(row)
             bf16 = row["bf16_us"]
             print(
                 f"{shape:20s} M={m:4d}: bf16 {bf16:8.2f} us  served {row.get('served_us') or 0:8.2f} "
-                f"({row.get('served_config')})  wgmma {row['wgmma_us'] or 0:8.2f} ({row['wgmma_config']})",
+                f"({row.get('served_config')})  wgmma {row['wgmma_us'] or 0:8.2f} ({row['wgmma_config']})  "
+                f"16 warps {row['wgmma16_us'] or 0:8.2f} ({row['wgmma16_config']})",
                 flush=True,
             )
             with open(path, "w") as f:
