@@ -52,15 +52,20 @@ SHAPES = {
 DEADLINE_S = float(os.environ.get("PROBE_DEADLINE_S", "1e9"))
 
 
-def tuned(m: int, n: int, k: int) -> tuple[str, dict] | None:
-    """The committed H200 choice for this shape in the ring layout: its form and config."""
+def committed(key: str) -> tuple[str, dict] | None:
+    """The committed H200 choice under a tuning key (``bench/tuning``): its form and config."""
     root = os.path.join(os.path.dirname(os.path.realpath(__file__)), "tuning")
     for path in glob.glob(os.path.join(root, "tuning-*H200*.json")):
         with open(path) as f:
-            entry = json.load(f).get(f"linear:torch.bfloat16:M{m}:N{n}:K{k}:ring")
+            entry = json.load(f).get(key)
         if entry:
             return entry["form"], dict(entry["config"])
     return None
+
+
+def tuned(m: int, n: int, k: int) -> tuple[str, dict] | None:
+    """The committed H200 choice for this shape in the ring layout: its form and config."""
+    return committed(f"linear:torch.bfloat16:M{m}:N{n}:K{k}:ring")
 
 
 def variants(m: int, n: int, k: int) -> list[dict]:
