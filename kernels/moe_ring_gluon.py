@@ -323,6 +323,48 @@ def _slot_offsets(i, pid_n, token, topk_ids_ptr, N, TOP_K, stride, stride_e, SLO
 
 
 @gluon.jit
+def _slot_operands(
+    block, token, topk_ids_ptr, N, K, TOP_K, stride_we, stride_wn, stride_se, stride_sn, SLOTS: gl.constexpr,
+    ROW_TILES: gl.constexpr, WARPS: gl.constexpr,
+):  # fmt: skip
+    """A slot program's ring operands at step 0 for row block ``block`` of token ``token``: its
+    weight words and scale words (``_slot_offsets``) and its activations, the token's pair rows
+    of h, which lie end to end (``word_off, scale_off, x_off, x_mask``)."""
+    BLOCK_N: gl.constexpr = 16 * ROW_TILES * WARPS
+    ROWS: gl.constexpr = BLOCK_N // SLOTS
+    SCALES: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, words_layout(ROW_TILES, WARPS)))
+    WORDS_COPY: gl.constexpr = words_copy_layout(WARPS)
+    ACTS_COPY: gl.constexpr = acts_copy_layout(WARPS)
+    wr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, WORDS_COPY))
+    wc = gl.arange(0, 4 * V, layout=gl.SliceLayout(0, WORDS_COPY))
+    word_rows = _slot_offsets(wr, block, token, topk_ids_ptr, N, TOP_K, stride_wn, stride_we, SLOTS, ROWS)
+    word_off = gl.expand_dims(word_rows, 1) + gl.expand_dims(wc, 0)
+    sr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, SCALES))
+    st = gl.arange(0, 4, layout=gl.SliceLayout(0, SCALES))
+    scale_rows = _slot_offsets(sr, block, token, topk_ids_ptr, N, TOP_K, stride_sn, stride_se, SLOTS, ROWS)
+    scale_off = gl.expand_dims(scale_rows, 1) + gl.expand_dims(st, 0)
+    xr = gl.arange(0, 4 * SLOTS, layout=gl.SliceLayout(1, ACTS_COPY))
+    xc = gl.arange(0, 8 * V, layout=gl.SliceLayout(0, ACTS_COPY))
+    slot = xr // 4
+    x_off = _activation_offsets(token * TOP_K + slot, xr, xc, K)
+    return word_off, scale_off, x_off, gl.expand_dims(slot < TOP_K, 1)
+
+
+@gluon.jit
+def _store_slot_block(acc, block, token, out_ptr, N, TOP_K, stride_om, SLOTS: gl.constexpr, WARPS: gl.constexpr):
+    """Row block ``block`` of token ``token``'s output from a slot program's accumulator: its
+    chunks summed (``_sum_chunks``, column 0 the token), no global scale (the down's are in h)."""
+    acc = _sum_chunks(acc, TOP_K, SLOTS, WARPS)
+    OUT: gl.constexpr = acc.type.layout
+    ROWS: gl.constexpr = acc.shape[0]
+    rows = block * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, OUT))
+    column = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, OUT))
+    mask = gl.expand_dims(rows < N, 1) & gl.expand_dims(column < 1, 0)
+    out = out_ptr + gl.expand_dims(token.to(gl.int64) * stride_om + column * 0, 0) + gl.expand_dims(rows, 1)
+    gl.store(out, (acc * _EPILOGUE_FACTOR).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@gluon.jit
 def moe_down_slots_ring_kernel(
     h_ptr,
     words_ptr,
@@ -351,38 +393,16 @@ def moe_down_slots_ring_kernel(
     at most the MMA's 8 columns). One program a (block of ``16 * WARPS / SLOTS`` rows, token),
     K / ``BLOCK_K`` steps: the walk's programs take ``TOP_K`` times the steps, or split them
     into partials that a second launch reduces."""
-    BLOCK_N: gl.constexpr = 16 * ROW_TILES * WARPS
-    ROWS: gl.constexpr = BLOCK_N // SLOTS
     BLOCK_K: gl.constexpr = 32 * V
-    SCALES: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, words_layout(ROW_TILES, WARPS)))
-    WORDS_COPY: gl.constexpr = words_copy_layout(WARPS)
-    ACTS_COPY: gl.constexpr = acts_copy_layout(WARPS)
-
     pid_n, token = gl.program_id(0), gl.program_id(1)
-    wr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, WORDS_COPY))
-    wc = gl.arange(0, 4 * V, layout=gl.SliceLayout(0, WORDS_COPY))
-    word_rows = _slot_offsets(wr, pid_n, token, topk_ids_ptr, N, TOP_K, stride_wn, stride_we, SLOTS, ROWS)
-    word_off = gl.expand_dims(word_rows, 1) + gl.expand_dims(wc, 0)
-    sr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, SCALES))
-    st = gl.arange(0, 4, layout=gl.SliceLayout(0, SCALES))
-    scale_rows = _slot_offsets(sr, pid_n, token, topk_ids_ptr, N, TOP_K, stride_sn, stride_se, SLOTS, ROWS)
-    scale_off = gl.expand_dims(scale_rows, 1) + gl.expand_dims(st, 0)
-    xr = gl.arange(0, 4 * SLOTS, layout=gl.SliceLayout(1, ACTS_COPY))
-    xc = gl.arange(0, 8 * V, layout=gl.SliceLayout(0, ACTS_COPY))
-    slot = xr // 4
-    x_off = _activation_offsets(token * TOP_K + slot, xr, xc, K)  # a token's pair rows lie end to end
-    x_mask = gl.expand_dims(slot < TOP_K, 1)
+    word_off, scale_off, x_off, x_mask = _slot_operands(
+        pid_n, token, topk_ids_ptr, N, K, TOP_K, stride_we, stride_wn, stride_se, stride_sn, SLOTS, ROW_TILES, WARPS
+    )
     acc = _ring_product(
         h_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, 0, K // BLOCK_K, SLOTS, ROW_TILES, WARPS,
         STAGES, LAYOUT=LAYOUT, PDL=PDL, TRIGGER=PDL,
     )  # fmt: skip
-    acc = _sum_chunks(acc, TOP_K, SLOTS, WARPS)  # [ROWS, MMA columns / SLOTS]: column 0 the token
-    OUT: gl.constexpr = acc.type.layout
-    rows = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, OUT))
-    column = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, OUT))
-    mask = gl.expand_dims(rows < N, 1) & gl.expand_dims(column < 1, 0)
-    out = out_ptr + gl.expand_dims(token.to(gl.int64) * stride_om + column * 0, 0) + gl.expand_dims(rows, 1)
-    gl.store(out, (acc * _EPILOGUE_FACTOR).to(out_ptr.dtype.element_ty), mask=mask)  # the global scales are in h
+    _store_slot_block(acc, pid_n, token, out_ptr, N, TOP_K, stride_om, SLOTS, WARPS)
 
 
 @gluon.jit
@@ -420,30 +440,16 @@ def moe_down_slots_walk_ring_kernel(
     BLOCK_N: gl.constexpr = 16 * WARPS
     ROWS: gl.constexpr = BLOCK_N // SLOTS
     ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
-    OUT: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [WARPS, 1], [0, 1])  # ``_sum_chunks``'s
-    SCALES: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, words_layout(1, WARPS)))
-    WORDS_COPY: gl.constexpr = words_copy_layout(WARPS)
-    ACTS_COPY: gl.constexpr = acts_copy_layout(WARPS)
     WALK: gl.constexpr = gl.BlockedLayout([ROW_WALK], [32], [WARPS], [0])  # every thread holds the walk
 
     pid_n, token = gl.program_id(0), gl.program_id(1)
     first_block = pid_n * ROW_WALK
     blocks = gl.minimum(ROW_WALK, N // ROWS - first_block)
-    wr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, WORDS_COPY))
-    wc = gl.arange(0, 4 * V, layout=gl.SliceLayout(0, WORDS_COPY))
-    word_rows = _slot_offsets(wr, first_block, token, topk_ids_ptr, N, TOP_K, stride_wn, stride_we, SLOTS, ROWS)
-    word_off = gl.expand_dims(word_rows, 1) + gl.expand_dims(wc, 0)
-    sr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, SCALES))
-    st = gl.arange(0, 4, layout=gl.SliceLayout(0, SCALES))
-    scale_rows = _slot_offsets(sr, first_block, token, topk_ids_ptr, N, TOP_K, stride_sn, stride_se, SLOTS, ROWS)
-    scale_off = gl.expand_dims(scale_rows, 1) + gl.expand_dims(st, 0)
+    word_off, scale_off, x_off, x_mask = _slot_operands(
+        first_block, token, topk_ids_ptr, N, K, TOP_K, stride_we, stride_wn, stride_se, stride_sn, SLOTS, 1, WARPS
+    )
     walk = gl.arange(0, ROW_WALK, layout=WALK).to(gl.int64) * ROWS  # block b's rows: b * ROWS past block 0's
     walk_words, walk_scales = walk * stride_wn, walk * stride_sn
-    xr = gl.arange(0, 4 * SLOTS, layout=gl.SliceLayout(1, ACTS_COPY))
-    xc = gl.arange(0, 8 * V, layout=gl.SliceLayout(0, ACTS_COPY))
-    slot = xr // 4
-    x_off = _activation_offsets(token * TOP_K + slot, xr, xc, K)
-    x_mask = gl.expand_dims(slot < TOP_K, 1)
 
     steps = blocks * BLOCK_STEPS
     words_ring, scales_ring, x_ring = _rings(BLOCK_N, SLOTS, STAGES)
@@ -451,7 +457,6 @@ def moe_down_slots_walk_ring_kernel(
         words_ring, scales_ring, x_ring, words_ptr, scales_ptr, h_ptr, 0, steps, word_off, scale_off, x_off, x_mask,
         STAGES, walk_words, walk_scales, BLOCK_STEPS, PDL, BLOCK_STEPS,
     )  # fmt: skip
-    column = gl.arange(0, 8 // SLOTS, layout=gl.SliceLayout(0, OUT))  # ``_sum_chunks``'s columns: 0 the token
     acc = gl.zeros([BLOCK_N, 8], gl.float32, layout=ACC)
     for i in range(steps):
         acc = _ring_step(
@@ -459,11 +464,7 @@ def moe_down_slots_walk_ring_kernel(
             x_off, x_mask, SLOTS, WARPS, STAGES, walk_words, walk_scales, BLOCK_STEPS, LAYOUT, BLOCK_STEPS,
         )  # fmt: skip
         if i % BLOCK_STEPS == BLOCK_STEPS - 1:  # block i // BLOCK_STEPS is summed: store it, start the next
-            summed = _sum_chunks(acc, TOP_K, SLOTS, WARPS)
-            rows = (first_block + i // BLOCK_STEPS) * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, OUT))
-            out = out_ptr + gl.expand_dims(token.to(gl.int64) * stride_om + column * 0, 0) + gl.expand_dims(rows, 1)
-            mask = gl.expand_dims(rows < N, 1) & gl.expand_dims(column < 1, 0)
-            gl.store(out, (summed * _EPILOGUE_FACTOR).to(out_ptr.dtype.element_ty), mask=mask)
+            _store_slot_block(acc, first_block + i // BLOCK_STEPS, token, out_ptr, N, TOP_K, stride_om, SLOTS, WARPS)
             acc = gl.zeros([BLOCK_N, 8], gl.float32, layout=ACC)
     async_copy.wait_group(0)
     if PDL:
