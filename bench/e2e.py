@@ -85,6 +85,20 @@ def _qwen35_35b_a3b(layers: int):
     return config
 
 
+def linear_attention_kernels() -> str:
+    """What runs Qwen3.5's gated delta rule, in both arms: flash-linear-attention's Triton kernels
+    where the package is installed (vLLM serves the model with kernels derived from them), else
+    transformers' reference torch loops, which transformers warns are much slower. On the H200
+    (713e8b4, ``h200-e2e-qwen35-b1b32.json``) the reference loops left Qwen3.5 at 1.32x at batch
+    1 and 0.93x at 32, against Qwen3's 1.72x and 2.20x."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"flash-linear-attention {version('flash-linear-attention')}"
+    except PackageNotFoundError:
+        return "transformers' torch reference"
+
+
 MODELS = {"llama3-8b": _llama3_8b, "qwen3-30b-a3b": _qwen3_30b_a3b, "qwen3.5-35b-a3b": _qwen35_35b_a3b}
 
 
@@ -782,6 +796,7 @@ def main(argv: list[str] | None = None) -> int:
 
     result = provenance() | {
         "transformers": transformers.__version__,
+        "linear_attention_kernels": linear_attention_kernels(),
         "prompt_tokens": PROMPT,
         "generated_tokens": GENERATED,
         "cache_preference": args.cache_preference,

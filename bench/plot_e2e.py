@@ -29,6 +29,9 @@ DEFAULT_PNG = Path(__file__).resolve().parents[1] / "docs" / "img" / "decode-spe
 DEFAULT_MERGED = merge.RESULTS / "h200-e2e.json"
 # What every merged run must share; a row's own commit, date and file go into the row.
 SHARED = ("device", "capability", "cuda", "torch", "triton", "transformers", "prompt_tokens", "generated_tokens")
+# What may differ between merged runs and goes into each row: what ran Qwen3.5's linear attention
+# in both arms (``e2e.linear_attention_kernels``), missing before 2026-12-04's runs.
+TAGS = ("linear_attention_kernels",)
 
 
 def key(row: dict) -> tuple[str, int]:
@@ -39,7 +42,7 @@ def key(row: dict) -> tuple[str, int]:
 def merged_result(paths: list[Path]) -> dict:
     """The runs at ``paths`` as one result (``merge.merged_result``): a (model, batch) from the
     first run that has it."""
-    return merge.merged_result(paths, SHARED, key)
+    return merge.merged_result(paths, SHARED, key, TAGS)
 
 
 def series(rows: list[dict]) -> dict[str, tuple[list[int], list[float]]]:
