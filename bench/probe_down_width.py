@@ -22,12 +22,12 @@ at about 60% of the schedulers' rate, where each warp loads the step's 8 columns
 shared memory for its 16 rows (4 KiB against 2 KiB of its weights); a second row tile a warp
 uses each load twice.
 
-With ``--row-walk``, the slot down walking 2-16 row blocks a program with 2 or 4 warps
-(``DOWN_ROW_WALK``, ``moe_down_slots_walk_ring_kernel``): its ring flows from one block into
-the next, where a slot program's 3 steps are primed at once and then waited on.
+A slot down walking 2-16 row blocks a program, its ring flowing from one block into the next
+(d685263 to a1cc4fb, ``--row-walk``), lost at every count: the down alone 27.0-44.1 us at 8
+tokens against the served 21.2 (``h200-probe-down-walk-a1cc4fb.json``); it was taken out.
 
-``python3 bench/probe_down_width.py OUT.json [TOKENS ...] [--row-tiles | --row-walk]`` with
-flashrt importable (``bench/gpu_run.sh``); the JSON is rewritten after each token count.
+``python3 bench/probe_down_width.py OUT.json [TOKENS ...] [--row-tiles]`` with flashrt
+importable (``bench/gpu_run.sh``); the JSON is rewritten after each token count.
 """
 
 import functools
@@ -41,26 +41,20 @@ from flashrt.bench.probe_moe_chunks import down_reference
 from flashrt.bench.probe_ring_depth import HIDDEN, INTER, TOP_K, E, fastest, name, timed
 from flashrt.kernels import moe_fused, moe_ring_gluon, ops
 
-DOWN_KEYS = ("DOWN_WARPS", "DOWN_STAGES", "DOWN_SLOTS", "DOWN_GROUPED", "DOWN_SPLIT", "DOWN_ROW_TILES", "DOWN_ROW_WALK")
+DOWN_KEYS = ("DOWN_WARPS", "DOWN_STAGES", "DOWN_SLOTS", "DOWN_GROUPED", "DOWN_SPLIT", "DOWN_ROW_TILES")
 
 
-VARIANTS = ("width", "row-tiles", "row-walk")
-
-
-def downs(variants: str) -> list[dict]:
-    if variants == "row-tiles":
+def downs(row_tiles: bool) -> list[dict]:
+    if row_tiles:
         return [{"DOWN_SLOTS": 1, "DOWN_WARPS": w, "DOWN_ROW_TILES": r} for w in (1, 2, 4) for r in (1, 2, 4)]
-    if variants == "row-walk":
-        return [{"DOWN_SLOTS": 1, "DOWN_WARPS": w, "DOWN_ROW_WALK": r} for w in (2, 4) for r in (2, 4, 8, 16)]
     slots = [{"DOWN_SLOTS": 1, "DOWN_WARPS": w} for w in (2, 4, 8)]
     grouped = [{"DOWN_GROUPED": 1, "DOWN_WARPS": w} for w in (1, 2, 4, 8)]
     return [{**d, "DOWN_STAGES": s} for d in slots + grouped for s in (3, 4)]
 
 
-def main(path: str, tokens: tuple[int, ...] = (4, 8, 16), variants: str = "width") -> None:
+def main(path: str, tokens: tuple[int, ...] = (4, 8, 16), row_tiles: bool = False) -> None:
     result, ((gu, dn), banks), layout, decoded_down = served_bank()
     copy_tbps = result["copy_TBps"]
-    result["variants"] = variants
     result["rows"] = rows = []
     dn_bytes = dn.nbytes / E
     for t in tokens:
@@ -74,7 +68,7 @@ def main(path: str, tokens: tuple[int, ...] = (4, 8, 16), variants: str = "width
         routed_down_bytes = len(ids.reshape(-1).unique()) * dn_bytes
         chosen = ops.launch_params(ops.choose_moe(x, *banks, ids, weights, layout), layout)
         gate_up = {k: v for k, v in chosen.items() if k not in DOWN_KEYS}
-        configs = [chosen] + [gate_up | d for d in downs(variants)]
+        configs = [chosen] + [gate_up | d for d in downs(row_tiles)]
         timings = {}
         for config in configs:
             key = name(config)
@@ -106,9 +100,6 @@ def main(path: str, tokens: tuple[int, ...] = (4, 8, 16), variants: str = "width
 
 
 if __name__ == "__main__":
-    flags = [a.removeprefix("--") for a in sys.argv[1:] if a.startswith("--")]
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    variants = flags[0] if flags else "width"
-    if variants not in VARIANTS:
-        raise SystemExit(f"unknown --{variants}: one of {', '.join('--' + v for v in VARIANTS[1:])}")
-    main(args[0], tuple(int(t) for t in args[1:]) or (4, 8, 16), variants)
+    row_tiles = "--row-tiles" in sys.argv
+    args = [a for a in sys.argv[1:] if a != "--row-tiles"]
+    main(args[0], tuple(int(t) for t in args[1:]) or (4, 8, 16), row_tiles)

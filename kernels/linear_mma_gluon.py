@@ -276,7 +276,7 @@ def _step_offsets(at, walk_words, walk_scales, EXPERT_STEPS: gl.constexpr):
 @gluon.jit
 def _start(
     step, slot, steps, words_ring, scales_ring, x_ring, words_ptr, scales_ptr, x_ptr, first, word_off, scale_off,
-    x_off, x_mask, walk_words, walk_scales, EXPERT_STEPS: gl.constexpr, X_PERIOD: gl.constexpr = 0,
+    x_off, x_mask, walk_words, walk_scales, EXPERT_STEPS: gl.constexpr,
 ):  # fmt: skip
     """Start the copies of step ``step`` into ring slot ``slot`` as one copy group, an empty one
     past the last step (the waits count groups)."""
@@ -284,7 +284,7 @@ def _start(
         step, slot, steps, words_ring, scales_ring, words_ptr, scales_ptr, first, word_off, scale_off, walk_words,
         walk_scales, EXPERT_STEPS,
     )  # fmt: skip
-    _start_activations(step, slot, steps, x_ring, x_ptr, first, x_off, x_mask, X_PERIOD)
+    _start_activations(step, slot, steps, x_ring, x_ptr, first, x_off, x_mask)
     async_copy.commit_group()
 
 
@@ -300,21 +300,15 @@ def _start_weights(
 
 
 @gluon.jit
-def _start_activations(step, slot, steps, x_ring, x_ptr, first, x_off, x_mask, X_PERIOD: gl.constexpr = 0):
-    """Step ``first + step`` of the activations, or with ``X_PERIOD`` that step modulo it: a walk
-    over row blocks reads the same activations for each (``moe_ring_gluon``'s walking slot down)."""
+def _start_activations(step, slot, steps, x_ring, x_ptr, first, x_off, x_mask):
     if step < steps:
-        at = first + step
-        if X_PERIOD:
-            at = at % X_PERIOD
-        _async_load(x_ring.index(slot), x_ptr + at * (32 * V) + x_off, mask=x_mask)
+        _async_load(x_ring.index(slot), x_ptr + (first + step) * (32 * V) + x_off, mask=x_mask)
 
 
 @gluon.jit
 def _prime(
     words_ring, scales_ring, x_ring, words_ptr, scales_ptr, x_ptr, first, steps, word_off, scale_off, x_off, x_mask,
     STAGES: gl.constexpr, walk_words=0, walk_scales=0, EXPERT_STEPS: gl.constexpr = 0, PDL: gl.constexpr = False,
-    X_PERIOD: gl.constexpr = 0,
 ):  # fmt: skip
     """Start the ring's first ``STAGES - 1`` steps.
 
@@ -339,13 +333,13 @@ def _prime(
             )  # fmt: skip
         gdc_wait()
         for s in gl.static_range(STAGES - 1):
-            _start_activations(s, s, steps, x_ring, x_ptr, first, x_off, x_mask, X_PERIOD)
+            _start_activations(s, s, steps, x_ring, x_ptr, first, x_off, x_mask)
             async_copy.commit_group()
     else:
         for s in gl.static_range(STAGES - 1):
             _start(
                 s, s, steps, words_ring, scales_ring, x_ring, words_ptr, scales_ptr, x_ptr, first, word_off,
-                scale_off, x_off, x_mask, walk_words, walk_scales, EXPERT_STEPS, X_PERIOD,
+                scale_off, x_off, x_mask, walk_words, walk_scales, EXPERT_STEPS,
             )  # fmt: skip
 
 
@@ -353,14 +347,13 @@ def _prime(
 def _refill(
     i, words_ring, scales_ring, x_ring, words_ptr, scales_ptr, x_ptr, first, steps, word_off, scale_off, x_off,
     x_mask, STAGES: gl.constexpr, walk_words=0, walk_scales=0, EXPERT_STEPS: gl.constexpr = 0,
-    X_PERIOD: gl.constexpr = 0,
 ):  # fmt: skip
     """At step ``i``, after the barrier: start step ``i + STAGES - 1`` in the slot step ``i - 1``
     used (everyone is done with it)."""
     ahead = i + STAGES - 1
     _start(
         ahead, ahead % STAGES, steps, words_ring, scales_ring, x_ring, words_ptr, scales_ptr, x_ptr, first, word_off,
-        scale_off, x_off, x_mask, walk_words, walk_scales, EXPERT_STEPS, X_PERIOD,
+        scale_off, x_off, x_mask, walk_words, walk_scales, EXPERT_STEPS,
     )  # fmt: skip
 
 
@@ -447,8 +440,16 @@ def _ring_product(
     BLOCK_N: gl.constexpr = 16 * ROW_TILES * WARPS
     MMA_M: gl.constexpr = mma_tokens(BLOCK_M)
     ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
+    WORDS: gl.constexpr = words_layout(ROW_TILES, WARPS)
+    SCALES: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, WORDS))  # [BLOCK_N, 4] int32: a thread's 4 bytes
+    PLAIN: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    # 16-byte chunks of a 128-byte activation row XOR-ed with the row: the 8 lanes of a shared
+    # memory phase (4 quarters x 2 tokens) read 8 different banks.
+    SWIZZLED: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, order=[1, 0])
 
-    words_ring, scales_ring, x_ring = _rings(BLOCK_N, BLOCK_M, STAGES)
+    words_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 4 * V], words_shared_layout())
+    scales_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 4], PLAIN)
+    x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, 4 * BLOCK_M, 8 * V], SWIZZLED)
     _prime(
         words_ring, scales_ring, x_ring, words_ptr, scales_ptr, x_ptr, first, steps, word_off, scale_off, x_off,
         x_mask, STAGES, walk_words, walk_scales, EXPERT_STEPS, PDL,
@@ -456,49 +457,22 @@ def _ring_product(
 
     acc = gl.zeros([BLOCK_N, MMA_M], gl.float32, layout=ACC)
     for i in range(steps):
-        acc = _ring_step(
-            i, acc, words_ring, scales_ring, x_ring, words_ptr, scales_ptr, x_ptr, first, steps, word_off, scale_off,
-            x_off, x_mask, BLOCK_M, WARPS, STAGES, walk_words, walk_scales, EXPERT_STEPS, LAYOUT,
+        async_copy.wait_group(STAGES - 2)  # this thread's copies of step i have landed
+        _barrier()  # everyone's have, and everyone is done with the slot refilled next
+        _refill(
+            i, words_ring, scales_ring, x_ring, words_ptr, scales_ptr, x_ptr, first, steps, word_off, scale_off,
+            x_off, x_mask, STAGES, walk_words, walk_scales, EXPERT_STEPS,
         )  # fmt: skip
+        slot = i % STAGES
+        words = words_ring.index(slot).reshape([BLOCK_N, 4, V // 2, 2]).load(WORDS)
+        a = _weights_fragment(words, scales_ring.index(slot).load(SCALES), WARPS, LAYOUT)
+        acc = _times_activations(
+            acc, a, x_ring.index(slot).load(acts_load_layout(BLOCK_M, WARPS)), BLOCK_M, WARPS, LAYOUT
+        )
     async_copy.wait_group(0)
     if TRIGGER:
         gdc_launch_dependents()
     return acc
-
-
-@gluon.jit
-def _rings(BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
-    """The ring's shared memory: weight words, scale words and activations, ``STAGES`` steps."""
-    PLAIN: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-    # 16-byte chunks of a 128-byte activation row XOR-ed with the row: the 8 lanes of a shared
-    # memory phase (4 quarters x 2 tokens) read 8 different banks.
-    SWIZZLED: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, order=[1, 0])
-    words_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 4 * V], words_shared_layout())
-    scales_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 4], PLAIN)
-    x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, 4 * BLOCK_M, 8 * V], SWIZZLED)
-    return words_ring, scales_ring, x_ring
-
-
-@gluon.jit
-def _ring_step(
-    i, acc, words_ring, scales_ring, x_ring, words_ptr, scales_ptr, x_ptr, first, steps, word_off, scale_off, x_off,
-    x_mask, BLOCK_M: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr, walk_words, walk_scales,
-    EXPERT_STEPS: gl.constexpr, LAYOUT: gl.constexpr, X_PERIOD: gl.constexpr = 0,
-):  # fmt: skip
-    """Ring step ``i``: wait for its copies, start step ``i + STAGES - 1``'s, and add its product to ``acc``."""
-    BLOCK_N: gl.constexpr = words_ring.shape[1]
-    WORDS: gl.constexpr = words_layout(BLOCK_N // (16 * WARPS), WARPS)
-    SCALES: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, WORDS))  # [BLOCK_N, 4] int32: a thread's 4 bytes
-    async_copy.wait_group(STAGES - 2)  # this thread's copies of step i have landed
-    _barrier()  # everyone's have, and everyone is done with the slot refilled next
-    _refill(
-        i, words_ring, scales_ring, x_ring, words_ptr, scales_ptr, x_ptr, first, steps, word_off, scale_off,
-        x_off, x_mask, STAGES, walk_words, walk_scales, EXPERT_STEPS, X_PERIOD,
-    )  # fmt: skip
-    slot = i % STAGES
-    words = words_ring.index(slot).reshape([BLOCK_N, 4, V // 2, 2]).load(WORDS)
-    a = _weights_fragment(words, scales_ring.index(slot).load(SCALES), WARPS, LAYOUT)
-    return _times_activations(acc, a, x_ring.index(slot).load(acts_load_layout(BLOCK_M, WARPS)), BLOCK_M, WARPS, LAYOUT)
 
 
 @gluon.constexpr_function

@@ -60,10 +60,7 @@ from flashrt.kernels.linear_mma_gluon import (
     V,
     _activation_offsets,
     _copyable,
-    _prime,
     _ring_product,
-    _ring_step,
-    _rings,
     _store_tile,
     _sum_chunks,
     _weight_offsets,
@@ -76,8 +73,6 @@ from flashrt.kernels.linear_mma_gluon import (
 )
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.language.extra.cuda import gdc_launch_dependents
 
 
 @gluon.jit
@@ -323,48 +318,6 @@ def _slot_offsets(i, pid_n, token, topk_ids_ptr, N, TOP_K, stride, stride_e, SLO
 
 
 @gluon.jit
-def _slot_operands(
-    block, token, topk_ids_ptr, N, K, TOP_K, stride_we, stride_wn, stride_se, stride_sn, SLOTS: gl.constexpr,
-    ROW_TILES: gl.constexpr, WARPS: gl.constexpr,
-):  # fmt: skip
-    """A slot program's ring operands at step 0 for row block ``block`` of token ``token``: its
-    weight words and scale words (``_slot_offsets``) and its activations, the token's pair rows
-    of h, which lie end to end (``word_off, scale_off, x_off, x_mask``)."""
-    BLOCK_N: gl.constexpr = 16 * ROW_TILES * WARPS
-    ROWS: gl.constexpr = BLOCK_N // SLOTS
-    SCALES: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, words_layout(ROW_TILES, WARPS)))
-    WORDS_COPY: gl.constexpr = words_copy_layout(WARPS)
-    ACTS_COPY: gl.constexpr = acts_copy_layout(WARPS)
-    wr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, WORDS_COPY))
-    wc = gl.arange(0, 4 * V, layout=gl.SliceLayout(0, WORDS_COPY))
-    word_rows = _slot_offsets(wr, block, token, topk_ids_ptr, N, TOP_K, stride_wn, stride_we, SLOTS, ROWS)
-    word_off = gl.expand_dims(word_rows, 1) + gl.expand_dims(wc, 0)
-    sr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, SCALES))
-    st = gl.arange(0, 4, layout=gl.SliceLayout(0, SCALES))
-    scale_rows = _slot_offsets(sr, block, token, topk_ids_ptr, N, TOP_K, stride_sn, stride_se, SLOTS, ROWS)
-    scale_off = gl.expand_dims(scale_rows, 1) + gl.expand_dims(st, 0)
-    xr = gl.arange(0, 4 * SLOTS, layout=gl.SliceLayout(1, ACTS_COPY))
-    xc = gl.arange(0, 8 * V, layout=gl.SliceLayout(0, ACTS_COPY))
-    slot = xr // 4
-    x_off = _activation_offsets(token * TOP_K + slot, xr, xc, K)
-    return word_off, scale_off, x_off, gl.expand_dims(slot < TOP_K, 1)
-
-
-@gluon.jit
-def _store_slot_block(acc, block, token, out_ptr, N, TOP_K, stride_om, SLOTS: gl.constexpr, WARPS: gl.constexpr):
-    """Row block ``block`` of token ``token``'s output from a slot program's accumulator: its
-    chunks summed (``_sum_chunks``, column 0 the token), no global scale (the down's are in h)."""
-    acc = _sum_chunks(acc, TOP_K, SLOTS, WARPS)
-    OUT: gl.constexpr = acc.type.layout
-    ROWS: gl.constexpr = acc.shape[0]
-    rows = block * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, OUT))
-    column = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, OUT))
-    mask = gl.expand_dims(rows < N, 1) & gl.expand_dims(column < 1, 0)
-    out = out_ptr + gl.expand_dims(token.to(gl.int64) * stride_om + column * 0, 0) + gl.expand_dims(rows, 1)
-    gl.store(out, (acc * _EPILOGUE_FACTOR).to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@gluon.jit
 def moe_down_slots_ring_kernel(
     h_ptr,
     words_ptr,
@@ -393,82 +346,38 @@ def moe_down_slots_ring_kernel(
     at most the MMA's 8 columns). One program a (block of ``16 * WARPS / SLOTS`` rows, token),
     K / ``BLOCK_K`` steps: the walk's programs take ``TOP_K`` times the steps, or split them
     into partials that a second launch reduces."""
+    BLOCK_N: gl.constexpr = 16 * ROW_TILES * WARPS
+    ROWS: gl.constexpr = BLOCK_N // SLOTS
     BLOCK_K: gl.constexpr = 32 * V
+    SCALES: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, words_layout(ROW_TILES, WARPS)))
+    WORDS_COPY: gl.constexpr = words_copy_layout(WARPS)
+    ACTS_COPY: gl.constexpr = acts_copy_layout(WARPS)
+
     pid_n, token = gl.program_id(0), gl.program_id(1)
-    word_off, scale_off, x_off, x_mask = _slot_operands(
-        pid_n, token, topk_ids_ptr, N, K, TOP_K, stride_we, stride_wn, stride_se, stride_sn, SLOTS, ROW_TILES, WARPS
-    )
+    wr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, WORDS_COPY))
+    wc = gl.arange(0, 4 * V, layout=gl.SliceLayout(0, WORDS_COPY))
+    word_rows = _slot_offsets(wr, pid_n, token, topk_ids_ptr, N, TOP_K, stride_wn, stride_we, SLOTS, ROWS)
+    word_off = gl.expand_dims(word_rows, 1) + gl.expand_dims(wc, 0)
+    sr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, SCALES))
+    st = gl.arange(0, 4, layout=gl.SliceLayout(0, SCALES))
+    scale_rows = _slot_offsets(sr, pid_n, token, topk_ids_ptr, N, TOP_K, stride_sn, stride_se, SLOTS, ROWS)
+    scale_off = gl.expand_dims(scale_rows, 1) + gl.expand_dims(st, 0)
+    xr = gl.arange(0, 4 * SLOTS, layout=gl.SliceLayout(1, ACTS_COPY))
+    xc = gl.arange(0, 8 * V, layout=gl.SliceLayout(0, ACTS_COPY))
+    slot = xr // 4
+    x_off = _activation_offsets(token * TOP_K + slot, xr, xc, K)  # a token's pair rows lie end to end
+    x_mask = gl.expand_dims(slot < TOP_K, 1)
     acc = _ring_product(
         h_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, 0, K // BLOCK_K, SLOTS, ROW_TILES, WARPS,
         STAGES, LAYOUT=LAYOUT, PDL=PDL, TRIGGER=PDL,
     )  # fmt: skip
-    _store_slot_block(acc, pid_n, token, out_ptr, N, TOP_K, stride_om, SLOTS, WARPS)
-
-
-@gluon.jit
-def moe_down_slots_walk_ring_kernel(
-    h_ptr,
-    words_ptr,
-    scales_ptr,
-    topk_ids_ptr,
-    out_ptr,
-    N,
-    K,
-    TOP_K,
-    stride_om,
-    stride_we,
-    stride_wn,
-    stride_se,
-    stride_sn,
-    SLOTS: gl.constexpr,
-    WARPS: gl.constexpr,
-    STAGES: gl.constexpr,
-    LAYOUT: gl.constexpr,
-    PDL: gl.constexpr,
-    ROW_WALK: gl.constexpr,
-    BLOCK_STEPS: gl.constexpr,
-):
-    """The slot down (``moe_down_slots_ring_kernel``) over ``ROW_WALK`` row blocks of one token a
-    program, its ring flowing from one block into the next (the activations, the token's pair
-    rows of h, read again each block: ``X_PERIOD``), each block stored after its last step.
-
-    Why: a 768-wide down is ``BLOCK_STEPS`` = 3 ring steps, which a slot program primes at once
-    and then waits on. On the H200 at 8 tokens (``h200-ncu-ring8-db199b9.txt``) the slot down
-    moved 52% of DRAM peak with its SMs idle 12% of the time, where wider programs, fewer stages
-    and row tiles gained nothing (``bench/probe_down_width.py``). Here a program's copies run
-    ``STAGES - 1`` steps ahead across its blocks. N must be whole blocks (the launcher checks)."""
-    BLOCK_N: gl.constexpr = 16 * WARPS
-    ROWS: gl.constexpr = BLOCK_N // SLOTS
-    ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
-    WALK: gl.constexpr = gl.BlockedLayout([ROW_WALK], [32], [WARPS], [0])  # every thread holds the walk
-
-    pid_n, token = gl.program_id(0), gl.program_id(1)
-    first_block = pid_n * ROW_WALK
-    blocks = gl.minimum(ROW_WALK, N // ROWS - first_block)
-    word_off, scale_off, x_off, x_mask = _slot_operands(
-        first_block, token, topk_ids_ptr, N, K, TOP_K, stride_we, stride_wn, stride_se, stride_sn, SLOTS, 1, WARPS
-    )
-    walk = gl.arange(0, ROW_WALK, layout=WALK).to(gl.int64) * ROWS  # block b's rows: b * ROWS past block 0's
-    walk_words, walk_scales = walk * stride_wn, walk * stride_sn
-
-    steps = blocks * BLOCK_STEPS
-    words_ring, scales_ring, x_ring = _rings(BLOCK_N, SLOTS, STAGES)
-    _prime(
-        words_ring, scales_ring, x_ring, words_ptr, scales_ptr, h_ptr, 0, steps, word_off, scale_off, x_off, x_mask,
-        STAGES, walk_words, walk_scales, BLOCK_STEPS, PDL, BLOCK_STEPS,
-    )  # fmt: skip
-    acc = gl.zeros([BLOCK_N, 8], gl.float32, layout=ACC)
-    for i in range(steps):
-        acc = _ring_step(
-            i, acc, words_ring, scales_ring, x_ring, words_ptr, scales_ptr, h_ptr, 0, steps, word_off, scale_off,
-            x_off, x_mask, SLOTS, WARPS, STAGES, walk_words, walk_scales, BLOCK_STEPS, LAYOUT, BLOCK_STEPS,
-        )  # fmt: skip
-        if i % BLOCK_STEPS == BLOCK_STEPS - 1:  # block i // BLOCK_STEPS is summed: store it, start the next
-            _store_slot_block(acc, first_block + i // BLOCK_STEPS, token, out_ptr, N, TOP_K, stride_om, SLOTS, WARPS)
-            acc = gl.zeros([BLOCK_N, 8], gl.float32, layout=ACC)
-    async_copy.wait_group(0)
-    if PDL:
-        gdc_launch_dependents()
+    acc = _sum_chunks(acc, TOP_K, SLOTS, WARPS)  # [ROWS, MMA columns / SLOTS]: column 0 the token
+    OUT: gl.constexpr = acc.type.layout
+    rows = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, OUT))
+    column = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, OUT))
+    mask = gl.expand_dims(rows < N, 1) & gl.expand_dims(column < 1, 0)
+    out = out_ptr + gl.expand_dims(token.to(gl.int64) * stride_om + column * 0, 0) + gl.expand_dims(rows, 1)
+    gl.store(out, (acc * _EPILOGUE_FACTOR).to(out_ptr.dtype.element_ty), mask=mask)  # the global scales are in h
 
 
 @gluon.jit
@@ -528,43 +437,6 @@ def moe_down_grouped_ring_kernel(
     mask = gl.expand_dims(offs_n < N, 1) & gl.expand_dims(column_valid, 0)
     out = partials_ptr + gl.expand_dims(partial_rows * N, 0) + gl.expand_dims(offs_n, 1)
     gl.store(out, acc * _EPILOGUE_FACTOR, mask=mask)
-
-
-def _launch_slots_walk(h, words, scale_words, topk_ids, out, slots, warps, row_walk, config, layout, pdl):
-    """The slot down walking ``DOWN_ROW_WALK`` row blocks a program (``moe_down_slots_walk_ring_kernel``)."""
-    t, top_k = topk_ids.shape
-    k, n = words.shape[1], h.shape[1]
-    rows = 16 * warps // slots
-    if k % rows:
-        raise ValueError(
-            f"DOWN_ROW_WALK: the walk takes the hidden size in whole blocks of {rows} rows, got {k}; "
-            "use a config without DOWN_ROW_WALK"
-        )
-    moe_down_slots_walk_ring_kernel[(triton.cdiv(k // rows, row_walk), t)](
-        h,
-        words,
-        scale_words,
-        topk_ids.reshape(-1),
-        out,
-        k,
-        n,
-        top_k,
-        out.stride(0),
-        words.stride(0),
-        words.stride(1),
-        scale_words.stride(0),
-        scale_words.stride(1),
-        SLOTS=slots,
-        WARPS=warps,
-        STAGES=down_stages(config),
-        LAYOUT=layout,
-        PDL=pdl,
-        ROW_WALK=row_walk,
-        BLOCK_STEPS=n // BLOCK_K,
-        num_warps=warps,
-        launch_pdl=pdl,
-    )
-    return out
 
 
 def down_stages(config: dict) -> int:
@@ -705,9 +577,6 @@ def launch_down(
                 f"DOWN_SLOTS: a token's experts side by side take the MMA's 8 columns, so top_k <= 8, "
                 f"got {top_k}; use a config with DOWN_SPLIT (the walk)"
             )
-        row_walk = config.get("DOWN_ROW_WALK", 1)
-        if row_walk > 1:
-            return _launch_slots_walk(h, words, scale_words, topk_ids, out, slots, warps, row_walk, config, layout, pdl)
         row_tiles = config.get("DOWN_ROW_TILES", 1)
         moe_down_slots_ring_kernel[(triton.cdiv(k, 16 * row_tiles * warps // slots), t)](
             h,

@@ -1295,16 +1295,6 @@ def test_ring_expert_chunks_and_slots_are_offered_to_few_tokens_and_launched_wit
         assert args[9:] == (*args[1].stride()[:2], *args[2].stride()[:2])
         assert (kwargs["WARPS"], kwargs["STAGES"], kwargs["num_warps"]) == (down_warps, stages, down_warps)
         assert kwargs["ROW_TILES"] == row_tiles and up_kwargs["STAGES"] == 4, "DOWN_STAGES sets the down's alone"
-    calls.clear()
-    monkeypatch.setattr(moe_ring_gluon, "moe_down_slots_walk_ring_kernel", _Recorder(calls, "slots_walk"))
-    walk = {"GROUPED": 0, "WARPS": 1, "STAGES": 4, "DOWN_WARPS": 2, "DOWN_SLOTS": 1, "DOWN_ROW_WALK": 3}
-    assert moe_ring_gluon.launch(hidden, *banks, ids, weights, out, walk, False) is out
-    assert [c[0] for c in calls] == ["gate_up", "slots_walk"], "no partials, no reduce"
-    (_, _, up_args, _), (_, grid, args, kwargs) = calls
-    assert grid == (triton.cdiv(k // 8, 3), t) and args[0] is up_args[10] and args[4] is out
-    assert (kwargs["ROW_WALK"], kwargs["BLOCK_STEPS"], kwargs["SLOTS"], kwargs["WARPS"]) == (3, n // 256, 4, 2)
-    with pytest.raises(ValueError, match=r"DOWN_ROW_WALK.*whole blocks of 8 rows, got 2044"):
-        moe_ring_gluon.launch_down(up_args[10], (dn.packed[:, :2044], dn.scales[:, :2044], None), ids, out, walk)
     slots = {"GROUPED": 0, "WARPS": 1, "STAGES": 4, "DOWN_WARPS": 1, "DOWN_SLOTS": 1}
     with pytest.raises(ValueError, match=r"CHUNKS=4.*GROUPED=0"):
         moe_ring_gluon.launch(hidden, *banks, ids, weights, out, slots | {"GROUPED": 1, "CHUNKS": 4}, False)
@@ -1320,11 +1310,10 @@ def test_ring_expert_chunks_and_slots_are_offered_to_few_tokens_and_launched_wit
 @pytest.mark.parametrize("t", [1, 3, 8])
 def test_ring_expert_chunks_and_slots_match_reference(t, top_k, device):
     """Every config with the rows cut in chunks offered at these tokens (32- and 64-row slot
-    programs), and 8 chunks and 16-row slot programs, not offered, and the slot down walking 2,
-    16 and 64 row blocks, the last walk cut short (``DOWN_ROW_WALK``, not offered) (a
-    Qwen3-30B-shaped hidden size of 2048, and 2304; an inter size of 512, two steps an expert):
-    top-8 fills the down's 8 slots, top-6 leaves two that must add nothing, top-3 one of 4.
-    Expert 0's down global scale is 0 (a pruned expert), the output poisoned first."""
+    programs), and 8 chunks and 16-row slot programs, not offered (a Qwen3-30B-shaped hidden
+    size of 2048; an inter size of 512, two steps an expert): top-8 fills the down's 8 slots,
+    top-6 leaves two that must add nothing, top-3 one of 4. Expert 0's down global scale is 0
+    (a pruned expert), the output poisoned first."""
     e, n, k = 16, 512, 2048
     gu, dn = _bank(e, n, k, device)
     dn.global_scale[0] = 0.0
@@ -1334,20 +1323,11 @@ def test_ring_expert_chunks_and_slots_match_reference(t, top_k, device):
     configs = [c for c in moe_ring_gluon.configs(t, n, k) if "DOWN_SLOTS" in c]
     configs += [{"GROUPED": 0, "WARPS": w, "STAGES": 4, "CHUNKS": 8, "DOWN_WARPS": 1, "DOWN_SLOTS": 1} for w in (1, 2)]
     assert len(configs) == 6 * len(moe_ring_gluon.SLOT_DOWN_WARPS) + 2
-    walks = [c | {"DOWN_ROW_WALK": walk} for c in configs[:2] for walk in (2, 16)]
-    for config in configs + walks:
+    for config in configs:
         out = torch.full_like(hidden, float("nan"))
         moe_ring_gluon.launch(hidden, *_tuples(gu, dn), ids, weights, out, config, False)
         assert not out.isnan().any(), config
         assert (out.double() - ref).norm() / ref.norm() < 1e-2, config
-    # a hidden size of 2304: 288 or 144 blocks, so the last program of a 64-block walk walks fewer
-    gu, dn = _bank(e, n, 2304, device)
-    hidden = torch.randn(t, 2304, dtype=torch.bfloat16, device=device)
-    ref = ops.moe_reference(hidden, gu, dn, ids, weights).double()
-    config = {"GROUPED": 0, "WARPS": 1, "STAGES": 4, "CHUNKS": 1, "DOWN_WARPS": 4, "DOWN_SLOTS": 1, "DOWN_ROW_WALK": 64}
-    out = torch.full_like(hidden, float("nan"))
-    moe_ring_gluon.launch(hidden, *_tuples(gu, dn), ids, weights, out, config, False)
-    assert not out.isnan().any() and (out.double() - ref).norm() / ref.norm() < 1e-2
 
 
 def test_ring_expert_down_launched_with_pdl_after_a_gate_up_that_lets_it_start(monkeypatch):
