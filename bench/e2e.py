@@ -86,9 +86,9 @@ def _qwen35_35b_a3b(layers: int):
 
 
 def linear_attention_kernels() -> str:
-    """What runs Qwen3.5's gated delta rule, in both arms: flash-linear-attention's Triton kernels
-    where the package is installed (vLLM serves the model with kernels derived from them), else
-    transformers' reference torch loops, which transformers warns are much slower. On the H200
+    """What transformers runs Qwen3.5's gated delta rule with, in both arms: flash-linear-attention's
+    Triton kernels where the package is installed (vLLM serves the model with kernels derived
+    from them), else its reference torch loops, which it warns are much slower. On the H200
     (713e8b4, ``h200-e2e-qwen35-b1b32.json``) the reference loops left Qwen3.5 at 1.32x at batch
     1 and 0.93x at 32, against Qwen3's 1.72x and 2.20x."""
     from importlib.metadata import PackageNotFoundError, version

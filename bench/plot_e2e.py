@@ -14,6 +14,7 @@ from pathlib import Path
 from flashrt.bench import merge
 
 DEFAULT_RESULTS = [  # every arm with vLLM's merged projections, torch.compile's PDL from 0d80628 on
+    merge.RESULTS / "h200-e2e-llama-2dc168a-b1.json",  # 2dc168a: Llama-3-8B shape, 1 (profiled)
     merge.RESULTS / "h200-e2e-llama-db199b9-b4.json",  # db199b9: 4, its 512-token prefill on the wgmma form (profiled)
     merge.RESULTS / "h200-e2e-llama-856a2cf-b4b8.json",  # 856a2cf: Llama-3-8B shape, 4 and 8 (static batch)
     merge.RESULTS / "h200-e2e-llama-856a2cf-b16b32.json",  # 856a2cf: 16 and 32 (static batch)
@@ -23,7 +24,9 @@ DEFAULT_RESULTS = [  # every arm with vLLM's merged projections, torch.compile's
     merge.RESULTS / "h200-e2e-qwen3-51ae3f9-b1b8.json",  # 51ae3f9: 1 (and 8, drawn from 2b124ad)
     merge.RESULTS / "h200-e2e-qwen3-416ab12-b16-band64.json",  # 416ab12: 16 (the band of 64)
     merge.RESULTS / "h200-e2e-qwen3-ef53668-b32-band64.json",  # ef53668: 32 (its band sweep void)
-    merge.RESULTS / "h200-e2e-qwen35-merged.json",  # Qwen3.5-35B-A3B shape, batch 1 (d63d0e4, cut at the limit)
+    # Qwen3.5-35B-A3B shape, 8 of its 40 layers (the 3:1 pattern), 1-32 with flash-linear-attention's
+    # gated delta rule in both arms; the full depth's five batches do not fit one call
+    merge.RESULTS / "h200-e2e-qwen35-2dc168a-l8.json",
 ]
 DEFAULT_PNG = Path(__file__).resolve().parents[1] / "docs" / "img" / "decode-speedup.png"
 DEFAULT_MERGED = merge.RESULTS / "h200-e2e.json"

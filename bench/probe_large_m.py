@@ -12,7 +12,9 @@ Same run, each from HBM (``ops._time_us``), each checked against the reference f
 ``ring_layout``: the H200's tuned choice (``bench/tuning``), every ``wgmma`` config that
 ``configs`` would offer at that token count were the form offered there, and bf16 ``F.linear``.
 Llama's four shapes at 512 tokens, the four expert-sized ones at 64, 128, 512 and 2048. From
-d685263 also every 8-warp config of one row tile with 16 warps (``four_warpgroups``), not offered.
+90d2867 also every 8-warp config of one row tile with 16 warps (``four_warpgroups``), not offered:
+at a1cc4fb (``h200-probe-large-m-a1cc4fb.json``) they gained 3% on the LM head and 2% on down at
+512 tokens and lost everywhere else.
 
 ``python3 bench/probe_large_m.py OUT.json`` with flashrt importable (``bench/gpu_run.sh``); the
 JSON is rewritten after each row; stops at ``DEADLINE_S``.
