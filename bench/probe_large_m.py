@@ -12,9 +12,12 @@ Same run, each from HBM (``ops._time_us``), each checked against the reference f
 ``ring_layout``: the H200's tuned choice (``bench/tuning``), every ``wgmma`` config that
 ``configs`` would offer at that token count were the form offered there, and bf16 ``F.linear``.
 Llama's four shapes at 512 tokens, the four expert-sized ones at 64, 128, 512 and 2048. From
-90d2867 also every 8-warp config of one row tile with 16 warps (``four_warpgroups``), not offered:
-at a1cc4fb (``h200-probe-large-m-a1cc4fb.json``) they gained 3% on the LM head and 2% on down at
-512 tokens and lost everywhere else.
+90d2867 to a0a45b4 also every 8-warp config of one row tile with 16 warps, not offered: at
+a1cc4fb (``h200-probe-large-m-a1cc4fb.json``) they gained 3% on the LM head and 2% on down at
+512 tokens and lost everywhere else. From 7466cc0 instead the warp-specialized form
+(``linear_wgmma_ws_gluon``, not offered) at every config of its ``configs``: Nsight Compute had
+the served ``wgmma`` form's tensor pipe busy half the time at 512 tokens, its warps waiting on
+the ring's barrier and copies (``h200-ncu-gate_up512-a0a45b4.txt``).
 
 ``python3 bench/probe_large_m.py OUT.json`` with flashrt importable (``bench/gpu_run.sh``); the
 JSON is rewritten after each row; stops at ``DEADLINE_S``.
@@ -29,7 +32,7 @@ import torch
 from flashrt.bench.kernels import LINEAR_SHAPES, provenance
 from flashrt.bench.probe_ring_depth import fastest, name, timed
 from flashrt.bench.probe_warps import tuned
-from flashrt.kernels import linear_wgmma_gluon, nvfp4, ops, ring_layout
+from flashrt.kernels import linear_wgmma_gluon, linear_wgmma_ws_gluon, nvfp4, ops, ring_layout
 
 DEADLINE_S = 420
 LARGE = {"qkv", "gate_up", "down", "lm_head"}
@@ -43,17 +46,6 @@ def wgmma_configs(m: int, n: int, k: int) -> list[dict]:
         return linear_wgmma_gluon.configs(m, n, k)
     finally:
         linear_wgmma_gluon.MAX_TOKENS = saved
-
-
-def four_warpgroups(configs: list[dict]) -> list[dict]:
-    """The 8-warp, one-row-tile configs with 16 warps: 256-row programs, half the activation bytes
-    from L2 a weight byte. ptxas for sm_90a (Triton 3.6) gives the 128-token tile 128 registers a
-    thread and no spills with one MMA at a time, 140 bytes of spills pipelined; the 8-warp
-    2-row-tile tile of the same size, offered, takes 255 registers and spills 12 bytes. Each of
-    four warpgroups decodes while another's MMA runs."""
-    wider = [{**c, "WARPS": 16} for c in configs if c["WARPS"] == 8 and c["ROW_TILES"] == 1]
-    wider += [{**c, "ASYNC_MMA": 1 - c["ASYNC_MMA"]} for c in wider]
-    return [c for c in wider if linear_wgmma_gluon.ring_bytes(c) <= linear_wgmma_gluon.RING_BYTES]
 
 
 def main(path: str) -> None:
@@ -76,6 +68,10 @@ def main(path: str) -> None:
                 cfg = {**c, "LAYOUT": ring_layout.RING}
                 return ops.LINEAR_FORMS[form].launch(x, ring, w.scales, w.global_scale, None, out, cfg, True)
 
+            def run_ws(c, x=x, out=out, ring=ring, w=w):
+                cfg = {**c, "LAYOUT": ring_layout.RING}
+                return linear_wgmma_ws_gluon.launch(x, ring, w.scales, w.global_scale, None, out, cfg, True)
+
             row = {"shape": shape, "N": n, "K": k, "M": m}
             served = tuned(m, n, k)
             if served:
@@ -85,18 +81,17 @@ def main(path: str) -> None:
             wgmma = {name(c): timed(functools.partial(run, "wgmma_gluon", c), out, ref) for c in wgmma_configs(m, n, k)}
             row["wgmma_us"], row["wgmma_config"] = fastest(wgmma)
             row["wgmma"] = wgmma
-            wide = {
-                name(c): timed(functools.partial(run, "wgmma_gluon", c), out, ref)
-                for c in four_warpgroups(wgmma_configs(m, n, k))
+            ws = {
+                name(c): timed(functools.partial(run_ws, c), out, ref) for c in linear_wgmma_ws_gluon.configs(m, n, k)
             }
-            row["wgmma16_us"], row["wgmma16_config"] = fastest(wide)
-            row["wgmma16"] = wide
+            row["ws_us"], row["ws_config"] = fastest(ws)
+            row["ws"] = ws
             result["rows"].append(row)
             bf16 = row["bf16_us"]
             print(
                 f"{shape:20s} M={m:4d}: bf16 {bf16:8.2f} us  served {row.get('served_us') or 0:8.2f} "
                 f"({row.get('served_config')})  wgmma {row['wgmma_us'] or 0:8.2f} ({row['wgmma_config']})  "
-                f"16 warps {row['wgmma16_us'] or 0:8.2f} ({row['wgmma16_config']})",
+                f"warp-specialized {row['ws_us'] or 0:8.2f} ({row['ws_config']})",
                 flush=True,
             )
             with open(path, "w") as f:

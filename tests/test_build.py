@@ -17,6 +17,7 @@ CPU priority, and runs these tests last; they read what the builds printed.
 ``python -m flashrt.kernels.build`` builds every configuration.
 """
 
+import os
 import subprocess
 import sys
 
@@ -125,3 +126,48 @@ for name in ("linear_w4a4", "moe_gate_up_w4a4", "moe_down_w4a4"):
     for line in lines:
         wanted = "OMMA.SF.16864.F32.E2M1.E2M1.UE4M3.4X" if line.startswith("120") else "UTCOMMA.4X"
         assert f"'{wanted}'" in line, line
+
+
+@pytest.mark.parametrize("triton_path", ["suite", "h200"])
+def test_warp_specialized_wgmma_builds_for_sm_90_fed_by_tma_alone(triton_path):
+    """The warp-specialized probe (``linear_wgmma_ws_gluon``, not offered, so not among the
+    builds above), with the suite's Triton and the H200's: its ring fed by TMA copies under
+    mbarriers, no thread's own ``cp.async``, registers moved to the MMA warps (``setmaxnreg``),
+    and exactly its ring in shared memory beside the mbarriers."""
+    code = """
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import CUDABackend
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.runtime.jit import native_specialize_impl
+from flashrt.kernels import linear_wgmma_ws_gluon as ws
+
+for cfg in ({"BLOCK_M": 128, "WARPS": 8, "STAGES": 5}, {"BLOCK_M": 64, "WARPS": 4, "STAGES": 8, "SPLIT_K": 2}):
+    x, words = torch.empty(512, 4096, dtype=torch.bfloat16), torch.empty(28672, 512, dtype=torch.int32)
+    descs = ws.descriptors(x, words, torch.empty(28672, 64, dtype=torch.int32), cfg)
+    split = cfg.get("SPLIT_K", 1)
+    sig = {name: native_specialize_impl(CUDABackend, d, False, True, True)[0]
+           for name, d in zip(("words_desc", "scales_desc", "x_desc"), descs)}
+    sig |= {"global_scale_ptr": "*fp32", "bias_ptr": "*bf16", "out_ptr": "*fp32" if split > 1 else "*bf16",
+            "M": "i32", "N": "i32", "K": "i32", "stride_om": "i32"}
+    consts = {"HAS_BIAS": False, "BLOCK_M": cfg["BLOCK_M"], "WARPS": cfg["WARPS"], "STAGES": cfg["STAGES"],
+              "SPLIT_K": split, "LAYOUT": 1}
+    src = GluonASTSource(fn=ws.nvfp4_linear_wgmma_ws_gluon_kernel, signature=sig | {c: "constexpr" for c in consts},
+                         constexprs=consts)
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": cfg["WARPS"], "num_stages": 1, "maxnreg": ws.registers(cfg)})
+    ptx = k.asm["ptx"]
+    assert "cp.async.bulk.tensor" in ptx and "mbarrier.try_wait" in ptx and "wgmma.mma_async" in ptx, cfg
+    assert "cp.async.cg" not in ptx and "cp.async.ca" not in ptx and "setmaxnreg.inc" in ptx, cfg
+    assert 0 <= k.metadata.shared - ws.ring_bytes(cfg) <= 1024, (cfg, k.metadata.shared)
+    assert k.asm["cubin"], cfg
+print("built", triton.__version__)
+"""
+    env = compile_env()
+    if triton_path == "h200":
+        installed = sorted(H200_TRITON.glob("triton-*.dist-info"))
+        assert installed, f"no Triton in {H200_TRITON}: run make test (the Makefile's H200_TRITON)"
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(H200_TRITON), env.get("PYTHONPATH")) if p)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert ("built 3.6" in done.stdout) == (triton_path == "h200"), done.stdout

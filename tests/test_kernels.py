@@ -18,6 +18,7 @@ from flashrt.kernels import (
     linear_mma_gluon,
     linear_w4a4,
     linear_wgmma_gluon,
+    linear_wgmma_ws_gluon,
     moe_fused,
     moe_gemv_gluon,
     moe_ring_gluon,
@@ -329,6 +330,68 @@ def test_wgmma_gluon_tiles_and_splits_cover_every_token_and_step(
     ref = ops.linear_reference(x, q, bias)
     assert not out.isnan().any()
     assert (out.double() - ref.double()).norm() / ref.double().norm() < 1e-2
+
+
+@pytest.mark.skipif(
+    not ON_GPU or "wgmma_gluon" not in GLUON_FORMS, reason="wgmma and TMA as sm_90 has them: built there only"
+)
+@pytest.mark.parametrize("layout", [ring_layout.CHECKPOINT, ring_layout.RING])
+@pytest.mark.parametrize(
+    ("m", "k", "split", "stages", "block_m", "warps"),
+    [(130, 4096, 3, 5, 128, 8), (64, 768, 2, 3, 64, 8), (100, 2048, 1, 8, 64, 4), (17, 2048, 4, 4, 128, 4)],
+)
+def test_warp_specialized_wgmma_covers_every_token_row_and_half_step(
+    m, k, split, stages, block_m, warps, layout, device
+):
+    """The warp-specialized probe (``linear_wgmma_ws_gluon``, not offered): a token tile past the
+    batch (130 in tiles of 128, 17 in one), a last row tile past N (1000 rows), rings that wrap
+    many times and fewer half-steps than stages (768: 3 steps in 2 splits), splits that do not
+    divide the steps, both weight layouts; bias, the output poisoned first."""
+    n = 1000
+    q = nvfp4.quantize(torch.randn(n, k, dtype=torch.bfloat16, device=device))
+    packed = ring_layout.pack(q.packed) if layout == ring_layout.RING else q.packed
+    x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
+    bias = torch.randn(n, dtype=torch.bfloat16, device=device)
+    config = {"BLOCK_M": block_m, "WARPS": warps, "STAGES": stages, "SPLIT_K": split, "LAYOUT": layout}
+    assert linear_wgmma_ws_gluon.ring_bytes(config) <= linear_wgmma_ws_gluon.RING_BYTES
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
+    linear_wgmma_ws_gluon.launch(x, packed, q.scales, q.global_scale, bias, out, config, False)
+    ref = ops.linear_reference(x, q, bias)
+    assert not out.isnan().any()
+    assert (out.double() - ref.double()).norm() / ref.double().norm() < 1e-2
+
+
+def test_warp_specialized_wgmma_launches_its_tiles_and_refuses_what_it_cannot_run(monkeypatch, device):
+    """The probe's launcher: the grid of 16-WARPS-row and BLOCK_M-token tiles and splits, the
+    register cap that leaves the producer's warpgroup its share, the reduce after a split; its
+    configs fit the ring; fp16, a partial step of K and an oversized ring refused by name."""
+    calls = []
+    monkeypatch.setattr(linear_wgmma_ws_gluon, "nvfp4_linear_wgmma_ws_gluon_kernel", _Recorder(calls, "ws"))
+    monkeypatch.setattr(linear_wgmma_ws_gluon, "descriptors", lambda x, words, scales, config: ("w", "s", "x"))
+    monkeypatch.setattr(linear_wgmma_ws_gluon, "permute_steps", lambda x, layout: x)
+    reduced = []
+    monkeypatch.setattr(linear_wgmma_ws_gluon, "reduce_splits", lambda *args: reduced.append(args))
+    n, k, m = 1000, 2048, 130
+    q = nvfp4.quantize(torch.randn(n, k, dtype=torch.bfloat16, device=device))
+    x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
+    out = torch.empty(m, n, dtype=torch.bfloat16, device=device)
+    config = {"BLOCK_M": 128, "WARPS": 8, "STAGES": 5, "SPLIT_K": 3}
+    assert linear_wgmma_ws_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, config, False) is out
+    ((_, grid, args, kwargs),) = calls
+    assert grid == (8, 2, 3) and args[:3] == ("w", "s", "x") and args[6:] == (m, n, k, n)
+    assert args[5].dtype == torch.float32 and args[5].shape == (3, m, n), "split: fp32 partials"
+    assert kwargs["maxnreg"] == 168 and kwargs["num_warps"] == 8 and len(reduced) == 1
+    for c in linear_wgmma_ws_gluon.configs(512, 28672, 4096) + linear_wgmma_ws_gluon.configs(17, 1024, 768):
+        assert c["STAGES"] >= 3 and linear_wgmma_ws_gluon.ring_bytes(c) <= linear_wgmma_ws_gluon.RING_BYTES, c
+    assert linear_wgmma_ws_gluon.configs(64, 1000, 1000) == [], "K in whole steps"
+    with pytest.raises(ValueError, match="x must be bfloat16"):
+        linear_wgmma_ws_gluon.launch(x.half(), q.packed, q.scales, q.global_scale, None, out, config, False)
+    with pytest.raises(ValueError, match="ring takes"):
+        linear_wgmma_ws_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, {**config, "STAGES": 6}, False)
+    odd = nvfp4.quantize(torch.randn(n, 2064, dtype=torch.bfloat16, device=device))
+    with pytest.raises(ValueError, match="K must be whole 256-wide steps"):
+        wide = torch.randn(m, 2064, dtype=torch.bfloat16, device=device)
+        linear_wgmma_ws_gluon.launch(wide, odd.packed, odd.scales, odd.global_scale, None, out, config, False)
 
 
 class _Recorder:
