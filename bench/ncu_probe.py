@@ -1,6 +1,7 @@
 """One kernel config launched five times, for Nsight Compute: ``python3 bench/ncu_probe.py CASE``
 with flashrt importable (``bench/gpu_run.sh`` makes it so), CASE one of gate_up8, qkv1, down1,
-moe1, moe8, ring8, gate_up512. Random weights, fixed seed; what each CASE runs is spelled out below.
+moe1, moe8, ring8, gate_up512, gate_up512_ws. Random weights, fixed seed; what each CASE runs is
+spelled out below.
 
 gate_up512 is Llama's gate_up at 512 tokens as served (the committed choice: the ``wgmma`` form,
 ring layout), then cuBLAS bf16 on the same shape, five times each, so that one profile holds
@@ -10,32 +11,43 @@ from L2 a weight byte at 128 rows and tokens), on the ring's two stages or on th
 chooses between wider programs, a deeper ring and warp specialization. For example
 ``ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats
 --section LaunchStats --section Occupancy -k regex:"wgmma|nvjet|gemm" --launch-skip 4 -c 2
-python3 bench/ncu_probe.py gate_up512``: the last of the form's launches, then cuBLAS's first."""
+python3 bench/ncu_probe.py gate_up512``: the last of the form's launches, then cuBLAS's first.
+gate_up512_ws runs the warp-specialized form (``linear_wgmma_ws_gluon``, not offered) there
+instead, 128 rows and tokens and 5 stages, its kernel named ``..._wgmma_ws_gluon_kernel``."""
 
 import sys
 
 import torch
 from flashrt.bench.probe_warps import committed
-from flashrt.kernels import linear_mma_gluon, moe_gemv_gluon, moe_ring_gluon, nvfp4, ops, ring_layout
+from flashrt.kernels import (
+    linear_mma_gluon,
+    linear_wgmma_ws_gluon,
+    moe_gemv_gluon,
+    moe_ring_gluon,
+    nvfp4,
+    ops,
+    ring_layout,
+)
 
 case = sys.argv[1]
 dev = "cuda"
 torch.manual_seed(0)
-if case == "gate_up512":
+if case in ("gate_up512", "gate_up512_ws"):
     n, k, m = 28672, 4096, 512
-    key = f"linear:torch.bfloat16:M{m}:N{n}:K{k}:ring"
-    choice = committed(key)  # never an adjudication under the profiler (fd9e9fb)
-    if choice is None:
-        sys.exit(f"no committed choice for {key} in bench/tuning: run the kernel benchmark first")
-    form, config = choice
+    if case == "gate_up512_ws":
+        launch, config = linear_wgmma_ws_gluon.launch, {"BLOCK_M": 128, "WARPS": 8, "STAGES": 5}
+    else:
+        key = f"linear:torch.bfloat16:M{m}:N{n}:K{k}:ring"
+        choice = committed(key)  # never an adjudication under the profiler (fd9e9fb)
+        if choice is None:
+            sys.exit(f"no committed choice for {key} in bench/tuning: run the kernel benchmark first")
+        launch, config = ops.LINEAR_FORMS[choice[0]].launch, choice[1]
     w = nvfp4.quantize(torch.randn(n, k, device=dev, dtype=torch.bfloat16))
     ring, dense = ring_layout.pack(w.packed), nvfp4.dequantize(w, torch.bfloat16)
     x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
     out = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
     for _ in range(5):
-        ops.LINEAR_FORMS[form].launch(
-            x, ring, w.scales, w.global_scale, None, out, config | {"LAYOUT": ring_layout.RING}, True
-        )
+        launch(x, ring, w.scales, w.global_scale, None, out, config | {"LAYOUT": ring_layout.RING}, True)
     for _ in range(5):
         torch.nn.functional.linear(x, dense)
 elif case in ("gate_up8", "qkv1", "down1"):
