@@ -199,13 +199,6 @@ def descriptors(x: torch.Tensor, words: torch.Tensor, scale_words: torch.Tensor,
     return words_desc, scales_desc, x_desc
 
 
-def qualifies(capability: tuple[int, int] | None) -> bool:
-    """``wgmma`` and TMA with ``setmaxnreg`` as sm_90a has them."""
-    from flashrt.kernels.decode import interpreted
-
-    return capability is not None and capability[0] == 9 and not interpreted()
-
-
 def launch(
     x: torch.Tensor,
     packed: torch.Tensor,
