@@ -64,26 +64,25 @@ def main(path: str) -> None:
             out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
             ref = ops.linear_reference(x, w)
 
-            def run(form, c, x=x, out=out, ring=ring, w=w):
+            def run(form, c, x=x, out=out, ring=ring, w=w):  # form: a module with a launch()
                 cfg = {**c, "LAYOUT": ring_layout.RING}
-                return ops.LINEAR_FORMS[form].launch(x, ring, w.scales, w.global_scale, None, out, cfg, True)
-
-            def run_ws(c, x=x, out=out, ring=ring, w=w):
-                cfg = {**c, "LAYOUT": ring_layout.RING}
-                return linear_wgmma_ws_gluon.launch(x, ring, w.scales, w.global_scale, None, out, cfg, True)
+                return form.launch(x, ring, w.scales, w.global_scale, None, out, cfg, True)
 
             row = {"shape": shape, "N": n, "K": k, "M": m}
             served = tuned(m, n, k)
             if served:
                 row["served_config"] = f"{served[0]}[{name(served[1])}]"
-                row["served_us"] = timed(functools.partial(run, *served), out, ref)["us"]
+                served_run = functools.partial(run, ops.LINEAR_FORMS[served[0]], served[1])
+                row["served_us"] = timed(served_run, out, ref)["us"]
             row["bf16_us"] = ops._time_us(functools.partial(torch.nn.functional.linear, x, dense))
-            wgmma = {name(c): timed(functools.partial(run, "wgmma_gluon", c), out, ref) for c in wgmma_configs(m, n, k)}
+
+            def every(form, configs, out=out, ref=ref):
+                return {name(c): timed(functools.partial(run, form, c), out, ref) for c in configs}
+
+            wgmma = every(linear_wgmma_gluon, wgmma_configs(m, n, k))
             row["wgmma_us"], row["wgmma_config"] = fastest(wgmma)
             row["wgmma"] = wgmma
-            ws = {
-                name(c): timed(functools.partial(run_ws, c), out, ref) for c in linear_wgmma_ws_gluon.configs(m, n, k)
-            }
+            ws = every(linear_wgmma_ws_gluon, linear_wgmma_ws_gluon.configs(m, n, k))
             row["ws_us"], row["ws_config"] = fastest(ws)
             row["ws"] = ws
             result["rows"].append(row)

@@ -29,7 +29,7 @@ import triton
 from flashrt.kernels import ring_layout
 from flashrt.kernels.linear_mma import reduce_splits, split_ks, split_target
 from flashrt.kernels.linear_mma_gluon import BLOCK_K, _store_tile, words_layout
-from flashrt.kernels.linear_wgmma_gluon import SMS, _decoded_chunk
+from flashrt.kernels.linear_wgmma_gluon import RING_BYTES, SMS, _decoded_chunk
 from flashrt.kernels.permute_steps import permute_steps
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -127,9 +127,6 @@ def nvfp4_linear_wgmma_ws_gluon_kernel(
     """``out = x @ W^T`` (+ bias) for a tile of ``16 WARPS`` weight rows and ``BLOCK_M`` tokens
     (``y^T = W @ x^T``, swap-AB, as the ``wgmma`` form), K in whole 256-wide steps."""
     BLOCK_N: gl.constexpr = 16 * WARPS
-    ACC: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BLOCK_M, 16]
-    )
     pid_n, pid_m, pid_k = gl.program_id(0), gl.program_id(1), gl.program_id(2)
     per_split = gl.cdiv(K // _BLOCK_K, SPLIT_K)
     first = pid_k * per_split
@@ -160,6 +157,7 @@ def nvfp4_linear_wgmma_ws_gluon_kernel(
         mbarrier.invalidate(full.index(s))
         mbarrier.invalidate(empty.index(s))
 
+    ACC: gl.constexpr = acc.type.layout  # the MMA warps' accumulator (``_consumer``)
     offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
     offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ACC))
     mask = gl.expand_dims(offs_n < N, 1) & gl.expand_dims(offs_m < M, 0)
@@ -171,7 +169,6 @@ def nvfp4_linear_wgmma_ws_gluon_kernel(
 WORDS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
 SCALES_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
 ACTS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-RING_BYTES = 224 << 10  # sm_90's 227 KiB a block, less the mbarriers and the compiler's own
 
 
 def ring_bytes(config: dict) -> int:
