@@ -32,7 +32,7 @@ import torch
 from flashrt.bench.kernels import LINEAR_SHAPES, provenance
 from flashrt.bench.probe_ring_depth import fastest, name, timed
 from flashrt.bench.probe_warps import tuned
-from flashrt.kernels import linear_wgmma_gluon, linear_wgmma_ws_gluon, nvfp4, ops, ring_layout
+from flashrt.kernels import linear_mma_gluon, linear_wgmma_gluon, linear_wgmma_ws_gluon, nvfp4, ops, ring_layout
 
 DEADLINE_S = 420
 LARGE = {"qkv", "gate_up", "down", "lm_head"}
@@ -82,6 +82,10 @@ def main(path: str) -> None:
             wgmma = every(linear_wgmma_gluon, wgmma_configs(m, n, k))
             row["wgmma_us"], row["wgmma_config"] = fastest(wgmma)
             row["wgmma"] = wgmma
+            if m <= linear_mma_gluon.MAX_TOKENS:
+                mma = every(linear_mma_gluon, linear_mma_gluon.configs(m, n, k))
+                row["mma_us"], row["mma_config"] = fastest(mma)
+                row["mma"] = mma
             ws = every(linear_wgmma_ws_gluon, linear_wgmma_ws_gluon.configs(m, n, k))
             row["ws_us"], row["ws_config"] = fastest(ws)
             row["ws"] = ws
@@ -90,7 +94,8 @@ def main(path: str) -> None:
             print(
                 f"{shape:20s} M={m:4d}: bf16 {bf16:8.2f} us  served {row.get('served_us') or 0:8.2f} "
                 f"({row.get('served_config')})  wgmma {row['wgmma_us'] or 0:8.2f} ({row['wgmma_config']})  "
-                f"warp-specialized {row['ws_us'] or 0:8.2f} ({row['ws_config']})",
+                f"warp-specialized {row['ws_us'] or 0:8.2f} ({row['ws_config']})  mma {row.get('mma_us') or 0:8.2f} "
+                f"({row.get('mma_config')})",
                 flush=True,
             )
             with open(path, "w") as f:

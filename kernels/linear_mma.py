@@ -179,9 +179,12 @@ def split_ks(programs: int, k: int, block_k: int, least: int = MIN_PROGRAMS) -> 
     Llama's 4096 x 4096 o_proj at 128 tokens ran 128 tiles split in two (256 programs of 8 steps)
     in 17.97 us, against 20.08 for the best config offered before (split in four) and 21.11 for
     the ring form's tuned one; the 4096 x 14336 down 45.86 against 46.41."""
-    first = triton.next_power_of_2(triton.cdiv(least, programs))
+    most = k // (2 * block_k)  # each split at least two steps
+    if most < 2:
+        return []
+    first = min(triton.next_power_of_2(triton.cdiv(least, programs)), 1 << (min(most, 16).bit_length() - 1))
     last = 2 * triton.next_power_of_2(triton.cdiv(MIN_PROGRAMS, programs))
-    return [s for s in (1 << e for e in range(1, 5)) if first <= s <= last and k >= 2 * block_k * s]
+    return [s for s in (1 << e for e in range(1, 5)) if first <= s <= last and s <= most]
 
 
 def launch(

@@ -254,7 +254,7 @@ def configs(m: int, n: int, k: int) -> list[dict]:
     if k % BLOCK_K:
         return []
     out = []
-    for block_m in (64, 128):
+    for block_m in (64, 128, 256) if m > 128 else (64, 128):
         for warps in (4, 8):
             for stages in (4, 6, 8):
                 base = {"BLOCK_M": block_m, "WARPS": warps, "STAGES": stages}

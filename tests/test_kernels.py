@@ -338,15 +338,23 @@ def test_wgmma_gluon_tiles_and_splits_cover_every_token_and_step(
 @pytest.mark.parametrize("layout", [ring_layout.CHECKPOINT, ring_layout.RING])
 @pytest.mark.parametrize(
     ("m", "k", "split", "stages", "block_m", "warps"),
-    [(130, 4096, 3, 5, 128, 8), (64, 768, 2, 3, 64, 8), (100, 2048, 1, 8, 64, 4), (17, 2048, 4, 4, 128, 4)],
+    [
+        (130, 4096, 3, 5, 128, 8),
+        (64, 768, 2, 3, 64, 8),
+        (100, 2048, 1, 8, 64, 4),
+        (17, 2048, 4, 4, 128, 4),
+        (300, 2048, 2, 3, 256, 8),
+        (257, 1024, 1, 3, 256, 4),
+    ],
 )
 def test_warp_specialized_wgmma_covers_every_token_row_and_half_step(
     m, k, split, stages, block_m, warps, layout, device
 ):
     """The warp-specialized probe (``linear_wgmma_ws_gluon``, not offered): a token tile past the
-    batch (130 in tiles of 128, 17 in one), a last row tile past N (1000 rows), rings that wrap
-    many times and fewer half-steps than stages (768: 3 steps in 2 splits), splits that do not
-    divide the steps, both weight layouts; bias, the output poisoned first."""
+    batch (130 in tiles of 128, 17 in one, 300 and 257 in tiles of 256), a last row tile past N
+    (1000 rows), rings that wrap many times and fewer half-steps than stages (768: 3 steps in 2
+    splits), splits that do not divide the steps, both weight layouts; bias, the output poisoned
+    first."""
     n = 1000
     q = nvfp4.quantize(torch.randn(n, k, dtype=torch.bfloat16, device=device))
     packed = ring_layout.pack(q.packed) if layout == ring_layout.RING else q.packed
