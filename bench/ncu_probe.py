@@ -12,7 +12,7 @@ chooses between wider programs, a deeper ring and warp specialization. For examp
 ``ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats
 --section LaunchStats --section Occupancy -k regex:"wgmma|nvjet|gemm" --launch-skip 4 -c 2
 python3 bench/ncu_probe.py gate_up512``: the last of the form's launches, then cuBLAS's first.
-gate_up512_ws runs the warp-specialized form (``linear_wgmma_ws_gluon``, not offered) there
+gate_up512_ws runs the warp-specialized form (``linear_wgmma_ws_gluon``) there
 instead, 128 rows and tokens and 5 stages, its kernel named ``..._wgmma_ws_gluon_kernel``."""
 
 import sys

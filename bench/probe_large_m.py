@@ -15,9 +15,14 @@ Llama's four shapes at 512 tokens, the four expert-sized ones at 64, 128, 512 an
 90d2867 to a0a45b4 also every 8-warp config of one row tile with 16 warps, not offered: at
 a1cc4fb (``h200-probe-large-m-a1cc4fb.json``) they gained 3% on the LM head and 2% on down at
 512 tokens and lost everywhere else. From 7466cc0 instead the warp-specialized form
-(``linear_wgmma_ws_gluon``, not offered) at every config of its ``configs``: Nsight Compute had
-the served ``wgmma`` form's tensor pipe busy half the time at 512 tokens, its warps waiting on
-the ring's barrier and copies (``h200-ncu-gate_up512-a0a45b4.txt``).
+(``linear_wgmma_ws_gluon``) at every config of its ``configs`` at any token count: Nsight Compute
+had the served ``wgmma`` form's tensor pipe busy half the time at 512 tokens, its warps waiting on
+the ring's barrier and copies (``h200-ncu-gate_up512-a0a45b4.txt``). At 8ec4768 it won at 512
+tokens on Llama's four shapes by 3-21% (``h200-probe-large-m-ws-8ec4768.json``); at 7fbdb27, with
+256-token tiles, by 11-26% (``h200-probe-large-m-ws-7fbdb27.json``), and it was offered from 129
+to 2048 tokens. From 7fbdb27 also the ring form's configs (``linear_mma_gluon``) where it is
+offered: with ``split_ks`` offering the largest split that fits where none reaches the programs
+it wants, the expert-sized gate_ups at 64 tokens ran 6.78-6.90 us against 10.98-11.09 unsplit.
 
 ``python3 bench/probe_large_m.py OUT.json`` with flashrt importable (``bench/gpu_run.sh``); the
 JSON is rewritten after each row; stops at ``DEADLINE_S``.
@@ -38,14 +43,14 @@ DEADLINE_S = 420
 LARGE = {"qkv", "gate_up", "down", "lm_head"}
 
 
-def wgmma_configs(m: int, n: int, k: int) -> list[dict]:
-    """``linear_wgmma_gluon.configs`` as if the form were offered at ``m`` tokens."""
-    saved = linear_wgmma_gluon.MAX_TOKENS
-    linear_wgmma_gluon.MAX_TOKENS = max(saved, m)
+def configs_at(form, m: int, n: int, k: int) -> list[dict]:
+    """``form.configs`` as if the form were offered at ``m`` tokens."""
+    saved = form.MIN_TOKENS, form.MAX_TOKENS
+    form.MIN_TOKENS, form.MAX_TOKENS = min(saved[0], m), max(saved[1], m)
     try:
-        return linear_wgmma_gluon.configs(m, n, k)
+        return form.configs(m, n, k)
     finally:
-        linear_wgmma_gluon.MAX_TOKENS = saved
+        form.MIN_TOKENS, form.MAX_TOKENS = saved
 
 
 def main(path: str) -> None:
@@ -79,14 +84,14 @@ def main(path: str) -> None:
             def every(form, configs, out=out, ref=ref):
                 return {name(c): timed(functools.partial(run, form, c), out, ref) for c in configs}
 
-            wgmma = every(linear_wgmma_gluon, wgmma_configs(m, n, k))
+            wgmma = every(linear_wgmma_gluon, configs_at(linear_wgmma_gluon, m, n, k))
             row["wgmma_us"], row["wgmma_config"] = fastest(wgmma)
             row["wgmma"] = wgmma
             if m <= linear_mma_gluon.MAX_TOKENS:
                 mma = every(linear_mma_gluon, linear_mma_gluon.configs(m, n, k))
                 row["mma_us"], row["mma_config"] = fastest(mma)
                 row["mma"] = mma
-            ws = every(linear_wgmma_ws_gluon, linear_wgmma_ws_gluon.configs(m, n, k))
+            ws = every(linear_wgmma_ws_gluon, configs_at(linear_wgmma_ws_gluon, m, n, k))
             row["ws_us"], row["ws_config"] = fastest(ws)
             row["ws"] = ws
             result["rows"].append(row)

@@ -2,13 +2,13 @@
 
 Triton compiles to a cubin for a GPU it does not have (``GPUTarget``), with the ptxas it ships,
 so a machine without a GPU proves that nothing offered on sm_90, sm_100, sm_110 or sm_120 fails
-to build. ``builds()`` enumerates (kernel, signature, constexprs). All of them, 1053 a target
-and 1175 for sm_90 (``Build.targets``: the ``wgmma`` form is sm_90's; the ring forms and the
+to build. ``builds()`` enumerates (kernel, signature, constexprs). All of them, 1149 a target
+and 1327 for sm_90 (``Build.targets``: the ``wgmma`` forms are sm_90's; the ring forms and the
 dequant each twice, for the checkpoint's layout and ``ring_layout``'s, the ring forms' split
 launches twice more, summed by a reduce or folded, and the decode ring form and the ring
 expert downs with PDL and without), take hours of one CPU core for the four targets (at c866faf
 341 took 34 minutes; at 6b01d1d, on sm_100, the 64 builds of ``linear_mma`` were 266 s of 592);
-CI builds ``pairwise(builds())`` instead, 154 a target and 167 for sm_90.
+CI builds ``pairwise(builds())`` instead, 151 a target and 176 for sm_90.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from flashrt.kernels import (
     linear_mma_gluon,
     linear_w4a4,
     linear_wgmma_gluon,
+    linear_wgmma_ws_gluon,
     moe_fused,
     moe_gemv_gluon,
     moe_ring_gluon,
@@ -346,6 +347,7 @@ class Build:
     num_warps: int
     num_stages: int
     targets: tuple = TARGETS  # a kernel for one generation's instructions (wgmma: sm_90) lists it
+    maxnreg: int | None = None  # a warp-specialized kernel's register cap at launch (``registers``)
 
 
 def _with_constexprs(sig: dict, consts: dict) -> dict:
@@ -366,6 +368,24 @@ def _folds(cfg: dict) -> tuple[bool, ...]:
     """A ring form's split launch sums its partials in a reduce launch or folded into itself
     (``linear_mma_gluon.FOLD_SPLITS``): both build; an unsplit one has nothing to fold."""
     return (False, True) if cfg.get("SPLIT_K", 1) > 1 else (False,)
+
+
+def _ws_signature(config: dict) -> dict:
+    """The warp-specialized form's arguments as a launch passes them: its three TMA descriptors
+    typed as Triton specializes them (block shape and shared layout, from ``descriptors`` over
+    unallocated host tensors of Llama's gate_up at 512 tokens), then the pointers and sizes."""
+    import torch
+    from triton.backends.nvidia.compiler import CUDABackend
+    from triton.runtime.jit import native_specialize_impl
+
+    x, words = torch.empty(512, 4096, dtype=torch.bfloat16), torch.empty(28672, 512, dtype=torch.int32)
+    descs = linear_wgmma_ws_gluon.descriptors(x, words, torch.empty(28672, 64, dtype=torch.int32), config)
+    names = ("words_desc", "scales_desc", "x_desc")
+    sig = {
+        name: native_specialize_impl(CUDABackend, d, False, True, True)[0] for name, d in zip(names, descs, strict=True)
+    }
+    sig |= {"global_scale_ptr": "*fp32", "bias_ptr": "*bf16", "out_ptr": "*bf16"}
+    return sig | {"M": "i32", "N": "i32", "K": "i32", "stride_om": "i32"}
 
 
 def _one_token(m: int) -> dict:
@@ -421,6 +441,12 @@ def builds() -> Iterator[Build]:
                 )
                 fn = linear_wgmma_gluon.nvfp4_linear_wgmma_gluon_kernel
                 yield from unique(Build("linear_wgmma_gluon", fn, sig, consts, cfg["WARPS"], 1, (90,)))
+        for cfg, layout in product(linear_wgmma_ws_gluon.configs(m, 4096, 4096), linear_wgmma_ws_gluon.LAYOUTS):
+            tile = {k: cfg[k] for k in ("BLOCK_M", "WARPS", "STAGES")}
+            consts = {"HAS_BIAS": False, "LAYOUT": layout} | tile
+            sig, consts = _split_build(_ws_signature(cfg), consts, cfg.get("SPLIT_K", 1))
+            fn, cap = linear_wgmma_ws_gluon.nvfp4_linear_wgmma_ws_gluon_kernel, linear_wgmma_ws_gluon.registers(cfg)
+            yield from unique(Build("linear_wgmma_ws_gluon", fn, sig, consts, cfg["WARPS"], 1, (90,), cap))
     for layout, pdl in product(linear_wgmma_gluon.LAYOUTS, (False, True)):
         consts = {"ROWS": permute_steps.ROWS, "V": permute_steps.V, "LAYOUT": layout, "PDL": pdl}
         fn = permute_steps.permute_steps_kernel
@@ -586,7 +612,10 @@ def compile_for(build: Build, arch: int):
     source = GluonASTSource if isinstance(build.fn, GluonJITFunction) else triton.compiler.ASTSource
     src = source(fn=build.fn, signature=build.signature, constexprs=build.constexprs, attrs=aligned)
     return triton.compile(
-        src, target=GPUTarget("cuda", arch, 32), options={"num_warps": build.num_warps, "num_stages": build.num_stages}
+        src,
+        target=GPUTarget("cuda", arch, 32),
+        options={"num_warps": build.num_warps, "num_stages": build.num_stages}
+        | ({"maxnreg": build.maxnreg} if build.maxnreg else {}),
     )
 
 

@@ -172,7 +172,11 @@ SMS = 132
 def split_ks(programs: int, k: int, block_k: int, least: int = MIN_PROGRAMS) -> list[int]:
     """The K splits worth offering for a launch of ``programs`` tiles: the powers of two from the
     first that brings it to ``least`` programs to the one past the first that brings it to
-    ``MIN_PROGRAMS``, each split at least two ``block_k`` steps, at most 16.
+    ``MIN_PROGRAMS``, each split at least two ``block_k`` steps, at most 16. Where K is too short
+    for the first, the largest that fits: H200, 64 tokens (``bench/probe_large_m.py``,
+    ``h200-probe-large-m-ws-7fbdb27.json``), Qwen3-30B's and Qwen3.5's expert-sized gate_ups (1536
+    and 1024 x 2048: 48 and 32 programs of 32 rows) split in four ran 6.90 and 6.78 us against 11.09 and
+    10.98 unsplit, where bf16 takes 6.5 and 6.3.
 
     ``least=SMS`` for the ``wgmma`` form at 17-512 tokens, whose programs hold a whole 128-token
     step: on the H200 (``bench/probe_prefill_splits.py``, ``h200-probe-prefill-splits-2463e7c.json``)

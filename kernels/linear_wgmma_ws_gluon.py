@@ -1,4 +1,4 @@
-"""Weight-only NVFP4 linear on Hopper's warpgroup MMA, warp-specialized (Gluon, sm_90): a probe.
+"""Weight-only NVFP4 linear on Hopper's warpgroup MMA, warp-specialized (Gluon, sm_90).
 
 The ``wgmma`` form (``linear_wgmma_gluon``) with its copies moved out of the MMA warps. There,
 every thread issues the ring's 16-byte ``cp.async`` copies and all warps meet at a CTA barrier
@@ -18,15 +18,22 @@ of 128 rows and 128 tokens in 210 KB where whole steps fit 2. The ``WARPS`` MMA 
 each chunk into the ``wgmma`` A fragment as the ``wgmma`` form does and keep one MMA in flight
 across half-steps, releasing a slot once the MMA that read it has retired.
 
-Not offered: ``bench/probe_large_m.py`` times it beside the served form on the H200 and the GPU
-test checks it against the reference. Gluon does not run under ``TRITON_INTERPRET``.
+A program's decode is the same work at any token tile, so the 256-token tile (one m64n256 MMA a
+warpgroup, 3 stages) halves it per token. Nsight Compute at 128 tokens (8ec4768,
+``h200-ncu-gate_up512_ws-8ec4768.txt``): tensor pipe 65.9% busy, a warp's decode chain about 950
+cycles a chunk against its MMA's 310. H200, 512 tokens, ``bench/probe_large_m.py``
+(``h200-probe-large-m-ws-7fbdb27.json``), against the served ``wgmma`` form and cuBLAS bf16:
+Llama's gate_up 185.2 us against 251.3 and 153.2, down 92.5 against 125.6 and 76.1, the LM head
+521.7 against 672.0 and 412.3, qkv 52.2 against the dequant form's 58.6 and 35.2. At 64 and 128
+tokens it lost to the ring and ``wgmma`` forms on every shape timed, at 2048 to the dequant form
+on the expert-sized ones; the adjudicator chooses among them from 129 tokens on.
 """
 
 from __future__ import annotations
 
 import torch
 import triton
-from flashrt.kernels import ring_layout
+from flashrt.kernels import linear_wgmma_gluon, ring_layout
 from flashrt.kernels.linear_mma import reduce_splits, split_ks, split_target
 from flashrt.kernels.linear_mma_gluon import BLOCK_K, _store_tile, words_layout
 from flashrt.kernels.linear_wgmma_gluon import RING_BYTES, SMS, _decoded_chunk
@@ -171,6 +178,14 @@ SCALES_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, 
 ACTS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
 
+# sm_90's: the same instructions as the ``wgmma`` form, the same weight layouts.
+qualifies = linear_wgmma_gluon.qualifies
+LAYOUTS = linear_wgmma_gluon.LAYOUTS
+# Offered past the ``wgmma`` form's 128-token tiles' bucket and to 2048 tokens: see the docstring.
+MIN_TOKENS = 129
+MAX_TOKENS = 2048
+
+
 def ring_bytes(config: dict) -> int:
     """A half-step's words (64 bytes a row), the step's scale words (16 a row) and two 64-wide
     chunks of activations (256 bytes a token), times the stages."""
@@ -248,10 +263,12 @@ def launch(
 
 
 def configs(m: int, n: int, k: int) -> list[dict]:
-    """Candidates for ``bench/probe_large_m.py`` (not offered): 64 or 128 tokens, one or two MMA
+    """Candidates for one shape: 64, 128 or (past 128 tokens) 256-token tiles, one or two MMA
     warpgroups, as many half-step stages as fit, split-K where the tiles make fewer programs than
-    the SMs (``linear_mma.split_ks``)."""
-    if k % BLOCK_K:
+    the SMs (``linear_mma.split_ks``). ``bench/probe_large_m.py`` times them at any token count."""
+    from flashrt.kernels.decode import interpreted
+
+    if interpreted() or k % BLOCK_K or not MIN_TOKENS <= m <= MAX_TOKENS:
         return []
     out = []
     for block_m in (64, 128, 256) if m > 128 else (64, 128):

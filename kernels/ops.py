@@ -26,6 +26,7 @@ from flashrt.kernels import (
     linear_mma_gluon,
     linear_w4a4,
     linear_wgmma_gluon,
+    linear_wgmma_ws_gluon,
     moe_fused,
     moe_gemv_gluon,
     moe_ring_gluon,
@@ -43,6 +44,7 @@ LINEAR_FORMS = {
     "mma": linear_mma,
     "mma_gluon": linear_mma_gluon,
     "wgmma_gluon": linear_wgmma_gluon,
+    "wgmma_ws_gluon": linear_wgmma_ws_gluon,
     "w4a4": linear_w4a4,
     "dequant": linear_dequant,
 }

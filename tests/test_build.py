@@ -130,35 +130,26 @@ for name in ("linear_w4a4", "moe_gate_up_w4a4", "moe_down_w4a4"):
 
 @pytest.mark.parametrize("triton_path", ["suite", "h200"])
 def test_warp_specialized_wgmma_builds_for_sm_90_fed_by_tma_alone(triton_path):
-    """The warp-specialized probe (``linear_wgmma_ws_gluon``, not offered, so not among the
-    builds above), with the suite's Triton and the H200's: its ring fed by TMA copies under
-    mbarriers, no thread's own ``cp.async``, registers moved to the MMA warps (``setmaxnreg``),
-    and exactly its ring in shared memory beside the mbarriers."""
+    """The warp-specialized form's builds as ``build.builds()`` has them (its TMA descriptors'
+    signatures, its register cap), a 256-token tile and a split one, with the suite's Triton and
+    the H200's: its ring fed by TMA copies under mbarriers, no thread's own ``cp.async``,
+    registers moved to the MMA warps (``setmaxnreg``), and exactly its ring in shared memory
+    beside the mbarriers. (The background build compiles all of its covering for sm_90.)"""
     code = """
-import torch, triton
-from triton.backends.compiler import GPUTarget
-from triton.backends.nvidia.compiler import CUDABackend
-from triton.experimental.gluon._runtime import GluonASTSource
-from triton.runtime.jit import native_specialize_impl
-from flashrt.kernels import linear_wgmma_ws_gluon as ws
+import triton
+from flashrt.kernels import build, linear_wgmma_ws_gluon as ws
 
-for cfg in ({"BLOCK_M": 128, "WARPS": 8, "STAGES": 5}, {"BLOCK_M": 64, "WARPS": 4, "STAGES": 8, "SPLIT_K": 2}):
-    x, words = torch.empty(512, 4096, dtype=torch.bfloat16), torch.empty(28672, 512, dtype=torch.int32)
-    descs = ws.descriptors(x, words, torch.empty(28672, 64, dtype=torch.int32), cfg)
-    split = cfg.get("SPLIT_K", 1)
-    sig = {name: native_specialize_impl(CUDABackend, d, False, True, True)[0]
-           for name, d in zip(("words_desc", "scales_desc", "x_desc"), descs)}
-    sig |= {"global_scale_ptr": "*fp32", "bias_ptr": "*bf16", "out_ptr": "*fp32" if split > 1 else "*bf16",
-            "M": "i32", "N": "i32", "K": "i32", "stride_om": "i32"}
-    consts = {"HAS_BIAS": False, "BLOCK_M": cfg["BLOCK_M"], "WARPS": cfg["WARPS"], "STAGES": cfg["STAGES"],
-              "SPLIT_K": split, "LAYOUT": 1}
-    src = GluonASTSource(fn=ws.nvfp4_linear_wgmma_ws_gluon_kernel, signature=sig | {c: "constexpr" for c in consts},
-                         constexprs=consts)
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": cfg["WARPS"], "num_stages": 1, "maxnreg": ws.registers(cfg)})
+covering = [b for b in build.pairwise(build.builds()) if b.name == "linear_wgmma_ws_gluon"]
+chosen = [next(b for b in covering if b.constexprs["BLOCK_M"] == 256),
+          next(b for b in covering if b.constexprs["SPLIT_K"] > 1)]
+for b in chosen:
+    cfg = b.constexprs
+    assert b.targets == (90,) and b.maxnreg == ws.registers(cfg), cfg
+    k = build.compile_for(b, 90)
     ptx = k.asm["ptx"]
     assert "cp.async.bulk.tensor" in ptx and "mbarrier.try_wait" in ptx and "wgmma.mma_async" in ptx, cfg
     assert "cp.async.cg" not in ptx and "cp.async.ca" not in ptx and "setmaxnreg.inc" in ptx, cfg
+    assert f".maxnreg {b.maxnreg}" in ptx, cfg
     assert 0 <= k.metadata.shared - ws.ring_bytes(cfg) <= 1024, (cfg, k.metadata.shared)
     assert k.asm["cubin"], cfg
 print("built", triton.__version__)

@@ -132,6 +132,7 @@ def test_activation_quantizer_matches_reference_row_by_row(shape, device):
 GLUON_FORMS = {"gemv_gluon": linear_gemv_gluon, "mma_gluon": linear_mma_gluon}
 if ON_GPU and linear_wgmma_gluon.qualifies(torch.cuda.get_device_capability()):
     GLUON_FORMS["wgmma_gluon"] = linear_wgmma_gluon
+    GLUON_FORMS["wgmma_ws_gluon"] = linear_wgmma_ws_gluon
 LINEAR_FORMS = {"gemv": linear_gemv, "mma": linear_mma, "dequant": linear_dequant} | (GLUON_FORMS if ON_GPU else {})
 LINEAR_TOKENS = {
     "gemv": (1, 3),
@@ -139,6 +140,7 @@ LINEAR_TOKENS = {
     "mma": (1, 3, 7, 16, 33),
     "mma_gluon": (1, 3, 7, 16, 33),
     "wgmma_gluon": (33, 64, 130),
+    "wgmma_ws_gluon": (130, 300),
     "dequant": (64, 100),
 }
 LINEAR_CONFIGS = {
@@ -147,6 +149,7 @@ LINEAR_CONFIGS = {
     "mma": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4, "num_stages": 2},
     "mma_gluon": {"BLOCK_M": 16, "ROW_TILES": 2, "WARPS": 4, "STAGES": 3},
     "wgmma_gluon": {"BLOCK_M": 64, "ROW_TILES": 1, "WARPS": 4, "STAGES": 2, "ASYNC_MMA": 1},
+    "wgmma_ws_gluon": {"BLOCK_M": 128, "WARPS": 4, "STAGES": 4},
     "dequant": {"BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4},
 }
 LINEAR_CASES = [(form, m, k) for form in LINEAR_FORMS for m in LINEAR_TOKENS[form] for k in (768, 2048, 4096)]
@@ -237,14 +240,17 @@ def test_reduce_splits_sums_in_split_order_in_blocks_that_fill_the_gpu(m, n, blo
 
 def test_split_ks_offers_powers_of_two_from_the_least_programs_to_one_past_two_an_sm():
     """Splits of K from the first that brings a launch to ``least`` programs (two an SM, or one
-    for the ``wgmma`` form) to the one past two an SM, each split two steps or more."""
+    for the ``wgmma`` form) to the one past two an SM, each split two steps or more; where K is
+    too short for the first, the largest that fits."""
     sms = linear_mma.SMS
     assert linear_mma.split_ks(128, 4096, 256) == [4, 8]
     assert linear_mma.split_ks(128, 4096, 256, least=sms) == [2, 4, 8], "o_proj's 128 tiles at 128 tokens"
     assert linear_mma.split_ks(192, 4096, 256, least=sms) == [2, 4], "192 tiles already give every SM one"
     assert linear_mma.split_ks(64, 4096, 256, least=sms) == [4, 8], "16 would leave one step a split"
     assert linear_mma.split_ks(300, 4096, 256, least=sms) == [2]
-    assert linear_mma.split_ks(64, 2048, 256) == [], "8 steps split no further than 4"
+    assert linear_mma.split_ks(64, 2048, 256) == [4], "8 steps split no further than 4"
+    assert linear_mma.split_ks(48, 2048, 256, least=sms) == [4], "the expert-sized gate_up at 64 tokens"
+    assert linear_mma.split_ks(24, 768, 256) == [], "3 steps do not split in two steps each"
 
 
 @pytest.mark.skipif(not ON_GPU, reason="Gluon has no interpreter: CI builds it and checks its decoder")
@@ -350,7 +356,7 @@ def test_wgmma_gluon_tiles_and_splits_cover_every_token_and_step(
 def test_warp_specialized_wgmma_covers_every_token_row_and_half_step(
     m, k, split, stages, block_m, warps, layout, device
 ):
-    """The warp-specialized probe (``linear_wgmma_ws_gluon``, not offered): a token tile past the
+    """The warp-specialized form (``linear_wgmma_ws_gluon``): a token tile past the
     batch (130 in tiles of 128, 17 in one, 300 and 257 in tiles of 256), a last row tile past N
     (1000 rows), rings that wrap many times and fewer half-steps than stages (768: 3 steps in 2
     splits), splits that do not divide the steps, both weight layouts; bias, the output poisoned
@@ -370,9 +376,10 @@ def test_warp_specialized_wgmma_covers_every_token_row_and_half_step(
 
 
 def test_warp_specialized_wgmma_launches_its_tiles_and_refuses_what_it_cannot_run(monkeypatch, device):
-    """The probe's launcher: the grid of 16-WARPS-row and BLOCK_M-token tiles and splits, the
-    register cap that leaves the producer's warpgroup its share, the reduce after a split; its
-    configs fit the ring; fp16, a partial step of K and an oversized ring refused by name."""
+    """The warp-specialized form's launcher: the grid of 16-WARPS-row and BLOCK_M-token tiles and
+    splits, the register cap that leaves the producer's warpgroup its share, the reduce after a
+    split; its configs fit the ring, 256-token tiles among them, at 129-2048 tokens only; fp16, a
+    partial step of K and an oversized ring refused by name."""
     calls = []
     monkeypatch.setattr(linear_wgmma_ws_gluon, "nvfp4_linear_wgmma_ws_gluon_kernel", _Recorder(calls, "ws"))
     monkeypatch.setattr(linear_wgmma_ws_gluon, "descriptors", lambda x, words, scales, config: ("w", "s", "x"))
@@ -389,9 +396,13 @@ def test_warp_specialized_wgmma_launches_its_tiles_and_refuses_what_it_cannot_ru
     assert grid == (8, 2, 3) and args[:3] == ("w", "s", "x") and args[6:] == (m, n, k, n)
     assert args[5].dtype == torch.float32 and args[5].shape == (3, m, n), "split: fp32 partials"
     assert kwargs["maxnreg"] == 168 and kwargs["num_warps"] == 8 and len(reduced) == 1
-    for c in linear_wgmma_ws_gluon.configs(512, 28672, 4096) + linear_wgmma_ws_gluon.configs(17, 1024, 768):
+    monkeypatch.setattr("flashrt.kernels.decode.interpreted", lambda: False)
+    offered = linear_wgmma_ws_gluon.configs(512, 28672, 4096) + linear_wgmma_ws_gluon.configs(2048, 1024, 768)
+    assert {c["BLOCK_M"] for c in offered} == {64, 128, 256}
+    for c in offered:
         assert c["STAGES"] >= 3 and linear_wgmma_ws_gluon.ring_bytes(c) <= linear_wgmma_ws_gluon.RING_BYTES, c
-    assert linear_wgmma_ws_gluon.configs(64, 1000, 1000) == [], "K in whole steps"
+    assert linear_wgmma_ws_gluon.configs(128, 4096, 4096) == linear_wgmma_ws_gluon.configs(2049, 4096, 4096) == []
+    assert linear_wgmma_ws_gluon.configs(512, 1000, 1000) == [], "K in whole steps"
     with pytest.raises(ValueError, match="x must be bfloat16"):
         linear_wgmma_ws_gluon.launch(x.half(), q.packed, q.scales, q.global_scale, None, out, config, False)
     with pytest.raises(ValueError, match="ring takes"):
@@ -769,11 +780,14 @@ def test_permute_steps_moves_every_element_where_the_reference_does(m, k, layout
     assert torch.equal(wide, before)
 
 
-def test_wgmma_form_is_offered_only_on_hopper(monkeypatch):
+@pytest.mark.parametrize(("form", "tokens"), [("wgmma_gluon", 128), ("wgmma_ws_gluon", 512)])
+def test_wgmma_forms_are_offered_only_on_hopper(monkeypatch, form, tokens):
     monkeypatch.setattr("flashrt.kernels.decode.interpreted", lambda: False)
-    offered = {major: {c.form for c in ops.linear_candidates(128, 4096, 4096, (major, 0))} for major in (8, 9, 10, 12)}
-    assert "wgmma_gluon" in offered[9] and not any("wgmma_gluon" in offered[major] for major in (8, 10, 12))
-    assert not any(c.form == "wgmma_gluon" for c in ops.linear_candidates(8, 4096, 4096, (9, 0))), "not for decode"
+    offered = {
+        major: {c.form for c in ops.linear_candidates(tokens, 4096, 4096, (major, 0))} for major in (8, 9, 10, 12)
+    }
+    assert form in offered[9] and not any(form in offered[major] for major in (8, 10, 12))
+    assert not any(c.form == form for c in ops.linear_candidates(8, 4096, 4096, (9, 0))), "not for decode"
 
 
 @pytest.mark.parametrize("layout", [ring_layout.CHECKPOINT, ring_layout.RING])
@@ -980,12 +994,12 @@ def test_a_weight_in_the_ring_layout_computes_what_the_checkpoints_does():
 
 def test_only_forms_that_read_the_ring_layout_are_offered_for_it(monkeypatch):
     """A weight in ``ring_layout`` is timed and served only by the forms that read it (the ring
-    forms, ``wgmma``, the dequant), at every row count; on the checkpoint's every form as before."""
+    forms, the ``wgmma`` forms, the dequant), at every row count; on the checkpoint's every form as before."""
     monkeypatch.setattr("flashrt.kernels.decode.interpreted", lambda: False)
     for m in (1, 8, 64, 128, 256, 2048):
         ring = {c.form for c in ops.linear_candidates(m, 4096, 4096, (9, 0), ring_layout.RING)}
         checkpoint = {c.form for c in ops.linear_candidates(m, 4096, 4096, (9, 0))}
-        assert ring and ring <= {"mma_gluon", "wgmma_gluon", "dequant"}, (m, ring)
+        assert ring and ring <= {"mma_gluon", "wgmma_gluon", "wgmma_ws_gluon", "dequant"}, (m, ring)
         assert ring < checkpoint or m > 128, (m, ring, checkpoint)
     for t in (1, 8, 16):
         ring = ops.moe_candidates(t, 768, 2048, (9, 0), ring_layout.RING)
