@@ -19,7 +19,7 @@ a1cc4fb (``h200-probe-large-m-a1cc4fb.json``) they gained 3% on the LM head and 
 had the served ``wgmma`` form's tensor pipe busy half the time at 512 tokens, its warps waiting on
 the ring's barrier and copies (``h200-ncu-gate_up512-a0a45b4.txt``). At 8ec4768 it won at 512
 tokens on Llama's four shapes by 3-21% (``h200-probe-large-m-ws-8ec4768.json``); at 7fbdb27, with
-256-token tiles, by 11-26% (``h200-probe-large-m-ws-7fbdb27.json``), and it was offered from 129
+256-token tiles, by 11-26% (``h200-probe-large-m-ws-7fbdb27.json``), and it was offered from 65
 to 2048 tokens. From 7fbdb27 also the ring form's configs (``linear_mma_gluon``) where it is
 offered: with ``split_ks`` offering the largest split that fits where none reaches the programs
 it wants, the expert-sized gate_ups at 64 tokens ran 6.78-6.90 us against 10.98-11.09 unsplit.

@@ -26,7 +26,7 @@ cycles a chunk against its MMA's 310. H200, 512 tokens, ``bench/probe_large_m.py
 Llama's gate_up 185.2 us against 251.3 and 153.2, down 92.5 against 125.6 and 76.1, the LM head
 521.7 against 672.0 and 412.3, qkv 52.2 against the dequant form's 58.6 and 35.2. At 64 and 128
 tokens it lost to the ring and ``wgmma`` forms on every shape timed, at 2048 to the dequant form
-on the expert-sized ones; the adjudicator chooses among them from 129 tokens on.
+on the expert-sized ones; the adjudicator chooses among them from 65 tokens on.
 """
 
 from __future__ import annotations
@@ -181,8 +181,10 @@ ACTS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, 
 # sm_90's: the same instructions as the ``wgmma`` form, the same weight layouts.
 qualifies = linear_wgmma_gluon.qualifies
 LAYOUTS = linear_wgmma_gluon.LAYOUTS
-# Offered past the ``wgmma`` form's 128-token tiles' bucket and to 2048 tokens: see the docstring.
-MIN_TOKENS = 129
+# Offered from 65 to 2048 tokens: see the docstring. At 128 it lost on the expert-sized layers,
+# and Llama's qkv (6144 x 4096) there was still the worst layer of the kernel table at 0.69x bf16
+# (``h200-kernels-large-4f7f091.json``), so it is timed there too.
+MIN_TOKENS = 65
 MAX_TOKENS = 2048
 
 

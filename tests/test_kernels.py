@@ -378,7 +378,7 @@ def test_warp_specialized_wgmma_covers_every_token_row_and_half_step(
 def test_warp_specialized_wgmma_launches_its_tiles_and_refuses_what_it_cannot_run(monkeypatch, device):
     """The warp-specialized form's launcher: the grid of 16-WARPS-row and BLOCK_M-token tiles and
     splits, the register cap that leaves the producer's warpgroup its share, the reduce after a
-    split; its configs fit the ring, 256-token tiles among them, at 129-2048 tokens only; fp16, a
+    split; its configs fit the ring, 256-token tiles among them past 128 tokens, at 65-2048 tokens only; fp16, a
     partial step of K and an oversized ring refused by name."""
     calls = []
     monkeypatch.setattr(linear_wgmma_ws_gluon, "nvfp4_linear_wgmma_ws_gluon_kernel", _Recorder(calls, "ws"))
@@ -401,7 +401,8 @@ def test_warp_specialized_wgmma_launches_its_tiles_and_refuses_what_it_cannot_ru
     assert {c["BLOCK_M"] for c in offered} == {64, 128, 256}
     for c in offered:
         assert c["STAGES"] >= 3 and linear_wgmma_ws_gluon.ring_bytes(c) <= linear_wgmma_ws_gluon.RING_BYTES, c
-    assert linear_wgmma_ws_gluon.configs(128, 4096, 4096) == linear_wgmma_ws_gluon.configs(2049, 4096, 4096) == []
+    assert 256 not in {c["BLOCK_M"] for c in linear_wgmma_ws_gluon.configs(128, 4096, 4096)}, "no tile past the tokens"
+    assert linear_wgmma_ws_gluon.configs(64, 4096, 4096) == linear_wgmma_ws_gluon.configs(2049, 4096, 4096) == []
     assert linear_wgmma_ws_gluon.configs(512, 1000, 1000) == [], "K in whole steps"
     with pytest.raises(ValueError, match="x must be bfloat16"):
         linear_wgmma_ws_gluon.launch(x.half(), q.packed, q.scales, q.global_scale, None, out, config, False)
@@ -780,7 +781,7 @@ def test_permute_steps_moves_every_element_where_the_reference_does(m, k, layout
     assert torch.equal(wide, before)
 
 
-@pytest.mark.parametrize(("form", "tokens"), [("wgmma_gluon", 128), ("wgmma_ws_gluon", 512)])
+@pytest.mark.parametrize(("form", "tokens"), [("wgmma_gluon", 128), ("wgmma_ws_gluon", 128)])
 def test_wgmma_forms_are_offered_only_on_hopper(monkeypatch, form, tokens):
     monkeypatch.setattr("flashrt.kernels.decode.interpreted", lambda: False)
     offered = {
