@@ -15,6 +15,7 @@ from flashrt.bench import merge
 
 DEFAULT_RESULTS = [  # every arm with vLLM's merged projections, torch.compile's PDL from 0d80628 on
     merge.RESULTS / "h200-e2e-llama-2dc168a-b1.json",  # 2dc168a: Llama-3-8B shape, 1 (profiled)
+    merge.RESULTS / "h200-e2e-llama-59aeccb-b4.json",  # 59aeccb: 4, its 512-token prefill on the warp-specialized form
     merge.RESULTS / "h200-e2e-llama-db199b9-b4.json",  # db199b9: 4, its 512-token prefill on the wgmma form (profiled)
     merge.RESULTS / "h200-e2e-llama-856a2cf-b4b8.json",  # 856a2cf: Llama-3-8B shape, 4 and 8 (static batch)
     merge.RESULTS / "h200-e2e-llama-856a2cf-b16b32.json",  # 856a2cf: 16 and 32 (static batch)
