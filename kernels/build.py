@@ -3,12 +3,12 @@
 Triton compiles to a cubin for a GPU it does not have (``GPUTarget``), with the ptxas it ships,
 so a machine without a GPU proves that nothing offered on sm_90, sm_100, sm_110 or sm_120 fails
 to build. ``builds()`` enumerates (kernel, signature, constexprs). All of them, 1149 a target
-and 1327 for sm_90 (``Build.targets``: the ``wgmma`` forms are sm_90's; the ring forms and the
+and 1375 for sm_90 (``Build.targets``: the ``wgmma`` forms are sm_90's; the ring forms and the
 dequant each twice, for the checkpoint's layout and ``ring_layout``'s, the ring forms' split
 launches twice more, summed by a reduce or folded, and the decode ring form and the ring
 expert downs with PDL and without), take hours of one CPU core for the four targets (at c866faf
 341 took 34 minutes; at 6b01d1d, on sm_100, the 64 builds of ``linear_mma`` were 266 s of 592);
-CI builds ``pairwise(builds())`` instead, 151 a target and 176 for sm_90.
+CI builds ``pairwise(builds())`` instead, 151 a target and 177 for sm_90.
 """
 
 from __future__ import annotations
@@ -441,9 +441,12 @@ def builds() -> Iterator[Build]:
                 )
                 fn = linear_wgmma_gluon.nvfp4_linear_wgmma_gluon_kernel
                 yield from unique(Build("linear_wgmma_gluon", fn, sig, consts, cfg["WARPS"], 1, (90,)))
-        for cfg, layout in product(linear_wgmma_ws_gluon.configs(m, 4096, 4096), linear_wgmma_ws_gluon.LAYOUTS):
+        ws_settings = product(
+            linear_wgmma_ws_gluon.configs(m, 4096, 4096), linear_wgmma_ws_gluon.LAYOUTS, (False, True)
+        )
+        for cfg, layout, pdl in ws_settings:  # PDL both ways: its chain is a probe (``PDL_CHAIN``)
             tile = {k: cfg[k] for k in ("BLOCK_M", "WARPS", "STAGES")}
-            consts = {"HAS_BIAS": False, "LAYOUT": layout} | tile
+            consts = {"HAS_BIAS": False, "LAYOUT": layout, "PDL": pdl} | tile
             sig, consts = _split_build(_ws_signature(cfg), consts, cfg.get("SPLIT_K", 1))
             fn, cap = linear_wgmma_ws_gluon.nvfp4_linear_wgmma_ws_gluon_kernel, linear_wgmma_ws_gluon.registers(cfg)
             yield from unique(Build("linear_wgmma_ws_gluon", fn, sig, consts, cfg["WARPS"], 1, (90,), cap))

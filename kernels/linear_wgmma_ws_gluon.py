@@ -47,6 +47,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 HALF_K = BLOCK_K // 2  # a ring slot: half a 256-wide step, two 64-wide chunks
 CHUNK_K = 64  # a wgmma's K: one scale group of the A fragment
@@ -63,21 +64,36 @@ _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 @gluon.jit
 def _producer(
     words_desc, scales_desc, x_desc, words_ring, scales_ring, x_ring, full, empty, row0, tok0, first, halves,
-    STAGES: gl.constexpr,
+    STAGES: gl.constexpr, PDL: gl.constexpr,
 ):  # fmt: skip
-    """Half-step j into slot ``j % STAGES`` once the MMA warps have released it."""
+    """Half-step j into slot ``j % STAGES`` once the MMA warps have released it. ``PDL`` (launched
+    to start while the permute before it ends): the first ``STAGES`` half-steps' weights, which no
+    kernel writes, are copied before ``gdc_wait``, every activation copy after it."""
     NBYTES: gl.constexpr = words_desc.block_type.nbytes + scales_desc.block_type.nbytes + 2 * x_desc.block_type.nbytes
+    primed = gl.minimum(halves, STAGES) if PDL else 0
+    for j in range(primed):  # fresh slots: nothing to wait for
+        mbarrier.expect(full.index(j), NBYTES)
+        _copy_weights(words_desc, scales_desc, words_ring, scales_ring, full.index(j), j, row0, first + j // 2, j % 2)
+    if PDL:
+        gdc_wait()
     for j in range(halves):
         slot = j % STAGES
-        mbarrier.wait(empty.index(slot), ((j // STAGES) & 1) ^ 1)  # a fresh barrier passes phase 1
         bar = full.index(slot)
-        mbarrier.expect(bar, NBYTES)
         step = first + j // 2
         half = j % 2
-        _tma_load(words_desc, [row0, 4 * step, 4 * half], bar, words_ring.index(slot))
-        _tma_load(scales_desc, [row0, 4 * step], bar, scales_ring.index(slot))
+        if j >= primed:
+            mbarrier.wait(empty.index(slot), ((j // STAGES) & 1) ^ 1)  # a fresh barrier passes phase 1
+            mbarrier.expect(bar, NBYTES)
+            _copy_weights(words_desc, scales_desc, words_ring, scales_ring, bar, slot, row0, step, half)
         for c in gl.static_range(2):
             _tma_load(x_desc, [tok0, _BLOCK_K * step + _HALF_K * half + _CHUNK_K * c], bar, x_ring.index(2 * slot + c))
+
+
+@gluon.jit
+def _copy_weights(words_desc, scales_desc, words_ring, scales_ring, bar, slot, row0, step, half):
+    """A half-step's weight words and its step's scale words into ring slot ``slot``."""
+    _tma_load(words_desc, [row0, 4 * step, 4 * half], bar, words_ring.index(slot))
+    _tma_load(scales_desc, [row0, 4 * step], bar, scales_ring.index(slot))
 
 
 @gluon.jit
@@ -130,6 +146,7 @@ def nvfp4_linear_wgmma_ws_gluon_kernel(
     STAGES: gl.constexpr,
     SPLIT_K: gl.constexpr,
     LAYOUT: gl.constexpr,
+    PDL: gl.constexpr = False,
 ):
     """``out = x @ W^T`` (+ bias) for a tile of ``16 WARPS`` weight rows and ``BLOCK_M`` tokens
     (``y^T = W @ x^T``, swap-AB, as the ``wgmma`` form), K in whole 256-wide steps."""
@@ -154,7 +171,7 @@ def nvfp4_linear_wgmma_ws_gluon_kernel(
             (
                 _producer,
                 (words_desc, scales_desc, x_desc, words_ring, scales_ring, x_ring, full, empty, pid_n * BLOCK_N,
-                 pid_m * BLOCK_M, first, halves, STAGES),
+                 pid_m * BLOCK_M, first, halves, STAGES, PDL),
             ),
         ],
         [1],
@@ -163,6 +180,8 @@ def nvfp4_linear_wgmma_ws_gluon_kernel(
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(full.index(s))
         mbarrier.invalidate(empty.index(s))
+    if PDL:  # every read of the ring done: the next kernel may start (it waits before reading ``out``)
+        gdc_launch_dependents()
 
     ACC: gl.constexpr = acc.type.layout  # the MMA warps' accumulator (``_consumer``)
     offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
@@ -178,6 +197,10 @@ SCALES_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, 
 ACTS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
 
+# The permute, this kernel and its split-K reduce chained with programmatic dependent launch, as
+# the ``wgmma`` form's are (``linear_wgmma_gluon.PDL_CHAIN``: in Llama's 128-token prefill it took
+# the graph's time between kernels from 0.88 to 0.61 ms): off until the H200 has run it.
+PDL_CHAIN = False
 # sm_90's: the same instructions as the ``wgmma`` form, the same weight layouts.
 qualifies = linear_wgmma_gluon.qualifies
 LAYOUTS = linear_wgmma_gluon.LAYOUTS
@@ -225,6 +248,8 @@ def launch(
 ) -> torch.Tensor:
     """``out = x @ W^T`` (+ bias): the permute, the kernel, and its reduce where split. bf16
     activations, K in whole 256-wide steps; ``use_prmt`` is unused."""
+    from flashrt.kernels.decode import interpreted
+
     if x.dtype != torch.bfloat16:
         raise ValueError(f"x must be bfloat16 for the bf16 tensor-core form, got {x.dtype}")
     if ring_bytes(config) > RING_BYTES:
@@ -234,7 +259,8 @@ def launch(
     if x.shape[1] % BLOCK_K:
         raise ValueError(f"K must be whole {BLOCK_K}-wide steps for this form, got {x.shape[1]}")
     layout = config.get("LAYOUT", ring_layout.CHECKPOINT)
-    x = permute_steps(x, layout=layout)
+    chain = PDL_CHAIN and not interpreted()  # the permute runs interpreted on CPU, griddepcontrol would not
+    x = permute_steps(x, layout=layout, pdl=chain)
     m, k = x.shape
     n = packed.shape[0]
     words, scale_words = packed.view(torch.int32), scales.view(torch.uint8).view(torch.int32)
@@ -256,11 +282,13 @@ def launch(
         STAGES=config["STAGES"],
         SPLIT_K=split,
         LAYOUT=layout,
+        PDL=chain,
         num_warps=config["WARPS"],
         maxnreg=registers(config),
+        launch_pdl=chain,
     )
     if split > 1:
-        reduce_splits(target, global_scale, bias, out, False)
+        reduce_splits(target, global_scale, bias, out, chain)
     return out
 
 

@@ -354,13 +354,14 @@ def test_wgmma_gluon_tiles_and_splits_cover_every_token_and_step(
     ],
 )
 def test_warp_specialized_wgmma_covers_every_token_row_and_half_step(
-    m, k, split, stages, block_m, warps, layout, device
+    m, k, split, stages, block_m, warps, layout, device, monkeypatch
 ):
     """The warp-specialized form (``linear_wgmma_ws_gluon``): a token tile past the
     batch (130 in tiles of 128, 17 in one, 300 and 257 in tiles of 256), a last row tile past N
     (1000 rows), rings that wrap many times and fewer half-steps than stages (768: 3 steps in 2
     splits), splits that do not divide the steps, both weight layouts; bias, the output poisoned
-    first."""
+    first. Chained with PDL (``PDL_CHAIN``: the weights of the first stages copied before the
+    wait for the permute), every bit the same."""
     n = 1000
     q = nvfp4.quantize(torch.randn(n, k, dtype=torch.bfloat16, device=device))
     packed = ring_layout.pack(q.packed) if layout == ring_layout.RING else q.packed
@@ -368,24 +369,30 @@ def test_warp_specialized_wgmma_covers_every_token_row_and_half_step(
     bias = torch.randn(n, dtype=torch.bfloat16, device=device)
     config = {"BLOCK_M": block_m, "WARPS": warps, "STAGES": stages, "SPLIT_K": split, "LAYOUT": layout}
     assert linear_wgmma_ws_gluon.ring_bytes(config) <= linear_wgmma_ws_gluon.RING_BYTES
-    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
-    linear_wgmma_ws_gluon.launch(x, packed, q.scales, q.global_scale, bias, out, config, False)
+    outs = {}
+    for chained in (False, True):
+        monkeypatch.setattr(linear_wgmma_ws_gluon, "PDL_CHAIN", chained)
+        out = outs[chained] = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
+        linear_wgmma_ws_gluon.launch(x, packed, q.scales, q.global_scale, bias, out, config, False)
     ref = ops.linear_reference(x, q, bias)
-    assert not out.isnan().any()
-    assert (out.double() - ref.double()).norm() / ref.double().norm() < 1e-2
+    assert not outs[False].isnan().any()
+    assert (outs[False].double() - ref.double()).norm() / ref.double().norm() < 1e-2
+    assert torch.equal(outs[True], outs[False])
 
 
 def test_warp_specialized_wgmma_launches_its_tiles_and_refuses_what_it_cannot_run(monkeypatch, device):
     """The warp-specialized form's launcher: the grid of 16-WARPS-row and BLOCK_M-token tiles and
     splits, the register cap that leaves the producer's warpgroup its share, the reduce after a
-    split; its configs fit the ring, 256-token tiles among them past 128 tokens, at 65-2048 tokens only; fp16, a
-    partial step of K and an oversized ring refused by name."""
+    split, the permute, kernel and reduce chained with PDL only where ``PDL_CHAIN`` asks and the
+    kernel is compiled; its configs fit the ring, 256-token tiles among them past 128 tokens, at
+    65-2048 tokens only; fp16, a partial step of K and an oversized ring refused by name."""
     calls = []
     monkeypatch.setattr(linear_wgmma_ws_gluon, "nvfp4_linear_wgmma_ws_gluon_kernel", _Recorder(calls, "ws"))
     monkeypatch.setattr(linear_wgmma_ws_gluon, "descriptors", lambda x, words, scales, config: ("w", "s", "x"))
-    monkeypatch.setattr(linear_wgmma_ws_gluon, "permute_steps", lambda x, layout: x)
+    permuted = []
+    monkeypatch.setattr(linear_wgmma_ws_gluon, "permute_steps", lambda x, layout, pdl: permuted.append(pdl) or x)
     reduced = []
-    monkeypatch.setattr(linear_wgmma_ws_gluon, "reduce_splits", lambda *args: reduced.append(args))
+    monkeypatch.setattr(linear_wgmma_ws_gluon, "reduce_splits", lambda *args: reduced.append(args[-1]))
     n, k, m = 1000, 2048, 130
     q = nvfp4.quantize(torch.randn(n, k, dtype=torch.bfloat16, device=device))
     x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
@@ -396,7 +403,14 @@ def test_warp_specialized_wgmma_launches_its_tiles_and_refuses_what_it_cannot_ru
     assert grid == (8, 2, 3) and args[:3] == ("w", "s", "x") and args[6:] == (m, n, k, n)
     assert args[5].dtype == torch.float32 and args[5].shape == (3, m, n), "split: fp32 partials"
     assert kwargs["maxnreg"] == 168 and kwargs["num_warps"] == 8 and len(reduced) == 1
+    from flashrt.kernels.decode import interpreted
+
+    committed = linear_wgmma_ws_gluon.PDL_CHAIN and not interpreted()
+    assert kwargs["PDL"] == kwargs["launch_pdl"] == permuted[0] == reduced[0] == committed
+    monkeypatch.setattr(linear_wgmma_ws_gluon, "PDL_CHAIN", True)
     monkeypatch.setattr("flashrt.kernels.decode.interpreted", lambda: False)
+    linear_wgmma_ws_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, config, False)
+    assert calls[1][3]["PDL"] and calls[1][3]["launch_pdl"] and permuted[1] and reduced[1], "chained"
     offered = linear_wgmma_ws_gluon.configs(512, 28672, 4096) + linear_wgmma_ws_gluon.configs(2048, 1024, 768)
     assert {c["BLOCK_M"] for c in offered} == {64, 128, 256}
     for c in offered:
