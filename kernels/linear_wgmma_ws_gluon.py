@@ -25,8 +25,9 @@ cycles a chunk against its MMA's 310. H200, 512 tokens, ``bench/probe_large_m.py
 (``h200-probe-large-m-ws-7fbdb27.json``), against the served ``wgmma`` form and cuBLAS bf16:
 Llama's gate_up 185.2 us against 251.3 and 153.2, down 92.5 against 125.6 and 76.1, the LM head
 521.7 against 672.0 and 412.3, qkv 52.2 against the dequant form's 58.6 and 35.2. At 64 and 128
-tokens it lost to the ring and ``wgmma`` forms on every shape timed, at 2048 to the dequant form
-on the expert-sized ones; the adjudicator chooses among them from 65 tokens on.
+tokens it lost to the ring and ``wgmma`` forms on every expert-sized shape timed, at 2048 to the
+dequant form on them; Llama's qkv at 128 tokens it won (20.0 against the ``wgmma`` form's 24.2
+us, cuBLAS 16.4; ``h200-kernels-small-59aeccb.json``). The adjudicator chooses from 65 tokens on.
 """
 
 from __future__ import annotations
@@ -204,9 +205,8 @@ PDL_CHAIN = False
 # sm_90's: the same instructions as the ``wgmma`` form, the same weight layouts.
 qualifies = linear_wgmma_gluon.qualifies
 LAYOUTS = linear_wgmma_gluon.LAYOUTS
-# Offered from 65 to 2048 tokens: see the docstring. At 128 it lost on the expert-sized layers,
-# and Llama's qkv (6144 x 4096) there was still the worst layer of the kernel table at 0.69x bf16
-# (``h200-kernels-large-4f7f091.json``), so it is timed there too.
+# Offered from 65 to 2048 tokens (see the docstring): from 129 at 4f7f091, and from 65 since
+# Llama's qkv at 128 tokens was the kernel table's worst layer there (0.69x bf16 with ``wgmma``).
 MIN_TOKENS = 65
 MAX_TOKENS = 2048
 
