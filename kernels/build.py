@@ -13,6 +13,7 @@ CI builds ``pairwise(builds())`` instead, 151 a target and 177 for sm_90.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import combinations, product
@@ -370,15 +371,18 @@ def _folds(cfg: dict) -> tuple[bool, ...]:
     return (False, True) if cfg.get("SPLIT_K", 1) > 1 else (False,)
 
 
-def _ws_signature(config: dict) -> dict:
+@functools.cache
+def _ws_signature(block_m: int, warps: int) -> dict:
     """The warp-specialized form's arguments as a launch passes them: its three TMA descriptors
     typed as Triton specializes them (block shape and shared layout, from ``descriptors`` over
-    unallocated host tensors of Llama's gate_up at 512 tokens), then the pointers and sizes."""
+    unallocated host tensors of Llama's gate_up at 512 tokens), then the pointers and sizes.
+    Only the tile shapes them, so once a tile (``builds()`` is walked by every build check)."""
     import torch
     from triton.backends.nvidia.compiler import CUDABackend
     from triton.runtime.jit import native_specialize_impl
 
     x, words = torch.empty(512, 4096, dtype=torch.bfloat16), torch.empty(28672, 512, dtype=torch.int32)
+    config = {"BLOCK_M": block_m, "WARPS": warps}
     descs = linear_wgmma_ws_gluon.descriptors(x, words, torch.empty(28672, 64, dtype=torch.int32), config)
     names = ("words_desc", "scales_desc", "x_desc")
     sig = {
@@ -447,7 +451,8 @@ def builds() -> Iterator[Build]:
         for cfg, layout, pdl in ws_settings:  # PDL both ways: its chain is a probe (``PDL_CHAIN``)
             tile = {k: cfg[k] for k in ("BLOCK_M", "WARPS", "STAGES")}
             consts = {"HAS_BIAS": False, "LAYOUT": layout, "PDL": pdl} | tile
-            sig, consts = _split_build(_ws_signature(cfg), consts, cfg.get("SPLIT_K", 1))
+            signature = _ws_signature(cfg["BLOCK_M"], cfg["WARPS"])  # _split_build copies it
+            sig, consts = _split_build(signature, consts, cfg.get("SPLIT_K", 1))
             fn, cap = linear_wgmma_ws_gluon.nvfp4_linear_wgmma_ws_gluon_kernel, linear_wgmma_ws_gluon.registers(cfg)
             yield from unique(Build("linear_wgmma_ws_gluon", fn, sig, consts, cfg["WARPS"], 1, (90,), cap))
     for layout, pdl in product(linear_wgmma_gluon.LAYOUTS, (False, True)):

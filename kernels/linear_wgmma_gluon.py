@@ -186,6 +186,12 @@ def qualifies(capability: tuple[int, int] | None) -> bool:
     return capability is not None and capability[0] == 9 and not interpreted()
 
 
+def refuse_oversized_ring(config: dict, taken: int) -> None:
+    """A ``ValueError`` for a config whose ring (``taken`` bytes) would not fit ``RING_BYTES``."""
+    if taken > RING_BYTES:
+        raise ValueError(f"config {config}: its ring takes {taken} bytes of shared memory, over {RING_BYTES}")
+
+
 def launch(
     x: torch.Tensor,
     packed: torch.Tensor,
@@ -200,10 +206,7 @@ def launch(
     the three chained (``PDL_CHAIN``); ``use_prmt`` is unused. K in whole steps."""
     from flashrt.kernels.decode import interpreted
 
-    if ring_bytes(config) > RING_BYTES:
-        raise ValueError(
-            f"config {config}: its ring takes {ring_bytes(config)} bytes of shared memory, over {RING_BYTES}"
-        )
+    refuse_oversized_ring(config, ring_bytes(config))
     kernel = nvfp4_linear_wgmma_gluon_kernel
     layout = config.get("LAYOUT", ring_layout.CHECKPOINT)
     chain = PDL_CHAIN and not interpreted()  # the permute runs interpreted on CPU, griddepcontrol would not

@@ -37,7 +37,7 @@ import triton
 from flashrt.kernels import linear_wgmma_gluon, ring_layout
 from flashrt.kernels.linear_mma import reduce_splits, split_ks, split_target
 from flashrt.kernels.linear_mma_gluon import BLOCK_K, _store_tile, words_layout
-from flashrt.kernels.linear_wgmma_gluon import RING_BYTES, SMS, _decoded_chunk
+from flashrt.kernels.linear_wgmma_gluon import RING_BYTES, SMS, _decoded_chunk, refuse_oversized_ring
 from flashrt.kernels.permute_steps import permute_steps
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -252,10 +252,7 @@ def launch(
 
     if x.dtype != torch.bfloat16:
         raise ValueError(f"x must be bfloat16 for the bf16 tensor-core form, got {x.dtype}")
-    if ring_bytes(config) > RING_BYTES:
-        raise ValueError(
-            f"config {config}: its ring takes {ring_bytes(config)} bytes of shared memory, over {RING_BYTES}"
-        )
+    refuse_oversized_ring(config, ring_bytes(config))
     if x.shape[1] % BLOCK_K:
         raise ValueError(f"K must be whole {BLOCK_K}-wide steps for this form, got {x.shape[1]}")
     layout = config.get("LAYOUT", ring_layout.CHECKPOINT)
