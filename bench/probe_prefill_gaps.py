@@ -12,13 +12,16 @@ precede them); the graph's time against its kernels' device time (profiler). Arm
 * ``bf16``: ``F.linear`` (cuBLAS);
 * ``chained``: ours as served (``ops.linear``, the adjudicator's choice for each shape);
 * ``unchained``: the same with ``PDL_CHAIN`` off;
-* ``alone``: ours chained, the projections back to back with no ATen kernel between.
+* ``alone``: ours chained, the projections back to back with no ATen kernel between;
+* ``ws_chained``: as ``chained`` with the warp-specialized form's chain on too
+  (``linear_wgmma_ws_gluon.PDL_CHAIN``), which serves from 65 tokens.
 
 H200 (97588c9, ``h200-probe-prefill-gaps-97588c9.json``): between kernels bf16 110 us, chained
 187, unchained 215, alone 52; the kernels 4508 us against ours 5530. The launches are not where
 the prefill's 1.1x goes; the projections' own time at 128 tokens is.
 
-``python3 bench/probe_prefill_gaps.py OUT.json`` with flashrt importable (``bench/gpu_run.sh``).
+``python3 bench/probe_prefill_gaps.py OUT.json [TOKENS,...]`` (default 128) with flashrt importable
+(``bench/gpu_run.sh``).
 """
 
 import json
@@ -29,12 +32,12 @@ import torch
 import torch.nn.functional as F
 from flashrt.bench.kernels import provenance
 from flashrt.bench.timing import capture
-from flashrt.kernels import linear_wgmma_gluon, nvfp4, ops
+from flashrt.kernels import linear_wgmma_gluon, linear_wgmma_ws_gluon, nvfp4, ops
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
-TOKENS = 128
+TOKENS = (128,)
 LAYERS = 32
-ARMS = ("bf16", "chained", "unchained", "alone")
+ARMS = ("bf16", "chained", "unchained", "alone", "ws_chained")
 
 
 def step_for(arm: str, xs: dict, weights: dict, packed: dict):
@@ -86,30 +89,34 @@ def measure(step, replays: int = 10) -> dict:
     }
 
 
-def main(path: str) -> None:
+def main(path: str, tokens: tuple[int, ...] = TOKENS) -> None:
+    served = linear_wgmma_gluon.PDL_CHAIN, linear_wgmma_ws_gluon.PDL_CHAIN
+    result = {**provenance(), "layers": LAYERS, "shapes": SHAPES, "tokens": {}}
     torch.manual_seed(0)
-    xs = {name: torch.randn(TOKENS, k, device="cuda", dtype=torch.bfloat16) for name, (n, k) in SHAPES.items()}
     weights = {name: torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for name, (n, k) in SHAPES.items()}
     packed = {name: ops.for_serving(nvfp4.quantize(w)) for name, w in weights.items()}
-    for name in SHAPES:
-        ref = ops.linear_reference(xs[name], packed[name]).float()
-        err = (ops.linear(xs[name], packed[name]).float() - ref).norm() / ref.norm()
-        assert err < 1e-2, (name, float(err))
-    result = {**provenance(), "tokens": TOKENS, "layers": LAYERS, "shapes": SHAPES, "arms": {}}
-    for arm in ARMS:
-        linear_wgmma_gluon.PDL_CHAIN = arm != "unchained"
-        result["arms"][arm] = fig = measure(step_for(arm, xs, weights, packed))
-        print(
-            f"{arm:10s} graph {fig['graph_us']:8.1f} us  kernels {fig['kernels_us']:8.1f}  "
-            f"gap {fig['gap_us']:7.1f} ({fig['launches']:.0f} launches)",
-            flush=True,
-        )
-        for t in fig["top"]:
-            print(f"    {t['us']:8.1f} us  {t['launches']:4.0f}x  {t['kernel']}")
-        with open(path, "w") as f:
-            json.dump(result, f, indent=1)
-    linear_wgmma_gluon.PDL_CHAIN = True
+    for m in tokens:
+        xs = {name: torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for name, (n, k) in SHAPES.items()}
+        for name in SHAPES:
+            ref = ops.linear_reference(xs[name], packed[name]).float()
+            err = (ops.linear(xs[name], packed[name]).float() - ref).norm() / ref.norm()
+            assert err < 1e-2, (name, float(err))
+        arms = result["tokens"][m] = {}
+        for arm in ARMS:
+            linear_wgmma_gluon.PDL_CHAIN = arm != "unchained"
+            linear_wgmma_ws_gluon.PDL_CHAIN = arm == "ws_chained"
+            arms[arm] = fig = measure(step_for(arm, xs, weights, packed))
+            print(
+                f"{m:5d} {arm:10s} graph {fig['graph_us']:8.1f} us  kernels {fig['kernels_us']:8.1f}  "
+                f"gap {fig['gap_us']:7.1f} ({fig['launches']:.0f} launches)",
+                flush=True,
+            )
+            for t in fig["top"]:
+                print(f"    {t['us']:8.1f} us  {t['launches']:4.0f}x  {t['kernel']}")
+            with open(path, "w") as f:
+                json.dump(result, f, indent=1)
+        linear_wgmma_gluon.PDL_CHAIN, linear_wgmma_ws_gluon.PDL_CHAIN = served
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], tuple(int(t) for t in sys.argv[2].split(",")) if len(sys.argv) > 2 else TOKENS)
