@@ -14,12 +14,11 @@ from pathlib import Path
 from flashrt.bench import merge
 
 DEFAULT_RESULTS = [  # every arm with vLLM's merged projections, torch.compile's PDL from 0d80628 on
-    merge.RESULTS / "h200-e2e-llama-2dc168a-b1.json",  # 2dc168a: Llama-3-8B shape, 1 (profiled)
-    merge.RESULTS / "h200-e2e-llama-59aeccb-b4.json",  # 59aeccb: 4, its 512-token prefill on the warp-specialized form
-    merge.RESULTS / "h200-e2e-llama-db199b9-b4.json",  # db199b9: 4, its 512-token prefill on the wgmma form (profiled)
-    merge.RESULTS / "h200-e2e-llama-856a2cf-b4b8.json",  # 856a2cf: Llama-3-8B shape, 4 and 8 (static batch)
-    merge.RESULTS / "h200-e2e-llama-856a2cf-b16b32.json",  # 856a2cf: 16 and 32 (static batch)
-    merge.RESULTS / "h200-e2e-llama-e8c5967-b1-32.json",  # e8c5967: 1 (its 4-32 ran with a symbolic batch)
+    # Llama-3-8B shape: the prefill from 65 tokens on the warp-specialized form (re-tuned at 128 and 1024)
+    merge.RESULTS / "h200-e2e-llama-059fae2-b1b8.json",  # 059fae2: 1 and 8 (8 profiled)
+    merge.RESULTS / "h200-e2e-llama-059fae2-b4.json",  # 059fae2: 4 (profiled)
+    merge.RESULTS / "h200-e2e-llama-e0910ac-b16.json",  # e0910ac: 16 (profiled)
+    merge.RESULTS / "h200-e2e-llama-856a2cf-b16b32.json",  # 856a2cf: 32 (static batch)
     merge.RESULTS / "h200-e2e-qwen3-e8c5967-b4.json",  # Qwen3-30B-A3B shape, 4
     merge.RESULTS / "h200-e2e-qwen3-2b124ad-b8.json",  # 2b124ad: 8 (profiled)
     merge.RESULTS / "h200-e2e-qwen3-51ae3f9-b1b8.json",  # 51ae3f9: 1 (and 8, drawn from 2b124ad)

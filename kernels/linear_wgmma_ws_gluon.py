@@ -199,8 +199,9 @@ ACTS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, 
 
 
 # The permute, this kernel and its split-K reduce chained with programmatic dependent launch, as
-# the ``wgmma`` form's are (``linear_wgmma_gluon.PDL_CHAIN``: in Llama's 128-token prefill it took
-# the graph's time between kernels from 0.88 to 0.61 ms): off until the H200 has run it.
+# the ``wgmma`` form's are (``linear_wgmma_gluon.PDL_CHAIN``). Off: on the H200 it lost
+# (``bench/probe_prefill_gaps.py``, 059fae2: Llama's projections 4794 us unchained against 5000
+# chained at 128 tokens, 12436 against 13045 at 512, the kernels themselves slower chained; why was not measured).
 PDL_CHAIN = False
 # sm_90's: the same instructions as the ``wgmma`` form, the same weight layouts.
 qualifies = linear_wgmma_gluon.qualifies
