@@ -4,8 +4,9 @@ moe1, moe8, ring8, gate_up512, gate_up512_ws. Random weights, fixed seed; what e
 spelled out below.
 
 gate_up512 is Llama's gate_up at 512 tokens as served (the committed choice: the ``wgmma`` form,
-ring layout), then cuBLAS bf16 on the same shape, five times each, so that one profile holds
-both: the form runs it in 252 us against cuBLAS's 154 (``h200-probe-large-m-a1cc4fb.json``),
+ring layout, until 59aeccb; the warp-specialized form's 256-token tile since,
+``h200-ncu-gate_up512_ws256-064291d.txt``), then cuBLAS bf16 on the same shape, five times each,
+so that one profile holds both: the form runs it in 252 us against cuBLAS's 154 (``h200-probe-large-m-a1cc4fb.json``),
 about 450 against 780 TFLOPS, and whether its steps wait on L2 (the activations, 3.6 bytes
 from L2 a weight byte at 128 rows and tokens), on the ring's two stages or on the decode is what
 chooses between wider programs, a deeper ring and warp specialization. For example
