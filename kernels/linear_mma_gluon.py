@@ -772,19 +772,23 @@ def words_per_chunk(k: int, chunks: int) -> int:
     return k // 8 // chunks if chunks > 1 else 0
 
 
+def require_bf16(name: str, t: torch.Tensor) -> None:
+    """A ``ValueError`` naming ``t`` unless it is bf16: the tensor-core forms multiply bf16, and
+    fp16 activations rounded to bf16 would lose three bits (the adjudicator records the refusal)."""
+    if t.dtype != torch.bfloat16:
+        raise ValueError(f"{name} must be bfloat16 for the bf16 tensor-core form, got {t.dtype}")
+
+
 def launch_ring(
     kernel, activations, x, packed, scales, global_scale, bias, out, config: dict, pdl: bool = False, **extra
 ) -> torch.Tensor:
     """Launch a ring-form kernel (this one, ``linear_wgmma_gluon``'s) on ``activations(x)``:
     the tile grid (``CHUNKS`` rows and columns a weight row and a token where rows are cut in
     chunks), weights as int32 words, and the split-K sum (a reduce launch, or folded into the
-    kernel: ``FOLD_SPLITS``). bf16 activations only: the MMA
-    multiplies bf16, and fp16 activations rounded to bf16 would lose three bits (the
-    adjudicator records the refusal). ``pdl``: the kernel and its reduce launched with PDL, each
+    kernel: ``FOLD_SPLITS``). bf16 activations only (``require_bf16``). ``pdl``: the kernel and its reduce launched with PDL, each
     to start while the kernel before it ends (the kernel's own ``PDL`` constexpr, in ``extra``,
     makes it wait before its first activation copy)."""
-    if x.dtype != torch.bfloat16:
-        raise ValueError(f"x must be bfloat16 for the bf16 tensor-core form, got {x.dtype}")
+    require_bf16("x", x)
     for name, t in (("packed", packed), ("scales", scales)):
         if not _copyable(t):
             raise ValueError(f"{name} must start on 16 bytes with rows of whole 16-byte chunks for cp.async")

@@ -36,7 +36,7 @@ import torch
 import triton
 from flashrt.kernels import linear_wgmma_gluon, ring_layout
 from flashrt.kernels.linear_mma import reduce_splits, split_ks, split_target
-from flashrt.kernels.linear_mma_gluon import BLOCK_K, _store_tile, words_layout
+from flashrt.kernels.linear_mma_gluon import BLOCK_K, _store_tile, require_bf16, words_layout
 from flashrt.kernels.linear_wgmma_gluon import RING_BYTES, SMS, _decoded_chunk, refuse_oversized_ring
 from flashrt.kernels.permute_steps import permute_steps
 from triton.experimental import gluon
@@ -275,8 +275,7 @@ def launch(
     activations, K in whole 256-wide steps; ``use_prmt`` is unused."""
     from flashrt.kernels.decode import interpreted
 
-    if x.dtype != torch.bfloat16:
-        raise ValueError(f"x must be bfloat16 for the bf16 tensor-core form, got {x.dtype}")
+    require_bf16("x", x)
     refuse_oversized_ring(config, ring_bytes(config))
     if x.shape[1] % BLOCK_K:
         raise ValueError(f"K must be whole {BLOCK_K}-wide steps for this form, got {x.shape[1]}")

@@ -67,6 +67,7 @@ from flashrt.kernels.linear_mma_gluon import (
     acts_copy_layout,
     aligned_activations,
     mma_tokens,
+    require_bf16,
     words_copy_layout,
     words_layout,
     words_per_chunk,
@@ -485,8 +486,7 @@ def launch(
                 raise ValueError(
                     f"{name} must be contiguous, on 16 bytes, with rows of whole 16-byte chunks for cp.async"
                 )
-    if hidden.dtype != torch.bfloat16:
-        raise ValueError(f"hidden must be bfloat16 for the bf16 tensor-core form, got {hidden.dtype}")
+    require_bf16("hidden", hidden)
     gu_packed, gu_scales, gu_global = gate_up
     hidden = aligned_activations(hidden)
     t, k = hidden.shape
