@@ -450,13 +450,7 @@ def builds() -> Iterator[Build]:
         )
         for cfg, layout, pdl in ws_settings:  # PDL both ways: its chain is a probe (``PDL_CHAIN``)
             tile = {k: cfg[k] for k in ("BLOCK_M", "WARPS", "STAGES")}
-            consts = {
-                "HAS_BIAS": False,
-                "LAYOUT": layout,
-                "PDL": pdl,
-                "LATE_RELEASE": linear_wgmma_ws_gluon.LATE_RELEASE,
-            }
-            consts |= tile
+            consts = {"HAS_BIAS": False, "LAYOUT": layout, "PDL": pdl} | tile
             signature = _ws_signature(cfg["BLOCK_M"], cfg["WARPS"])  # _split_build copies it
             sig, consts = _split_build(signature, consts, cfg.get("SPLIT_K", 1))
             fn, cap = linear_wgmma_ws_gluon.nvfp4_linear_wgmma_ws_gluon_kernel, linear_wgmma_ws_gluon.registers(cfg)

@@ -100,12 +100,9 @@ def _copy_weights(words_desc, scales_desc, words_ring, scales_ring, bar, slot, r
 @gluon.jit
 def _consumer(
     words_ring, scales_ring, x_ring, full, empty, halves, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr,
-    WARPS: gl.constexpr, STAGES: gl.constexpr, LAYOUT: gl.constexpr, LATE_RELEASE: gl.constexpr,
+    WARPS: gl.constexpr, STAGES: gl.constexpr, LAYOUT: gl.constexpr,
 ):  # fmt: skip
-    """The MMA warps: each half-step's two chunks decoded and multiplied, one MMA kept in flight.
-    The last half's slot is released once its second MMA has retired: at once, or (``LATE_RELEASE``)
-    after this half's second MMA is issued, where the CTA barrier Triton 3.6 puts after an arrive
-    falls together with the one before the next wait."""
+    """The MMA warps: each half-step's two chunks decoded and multiplied, one MMA kept in flight."""
     ACC: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BLOCK_M, 16]
     )
@@ -122,23 +119,14 @@ def _consumer(
         a = _decoded_chunk(words_half, scale_word, 0, CHUNK_WORDS, A_OP, LAYOUT)
         acc = warpgroup_mma(a, x_ring.index(2 * slot).permute((1, 0)), acc, is_async=True)
         acc, held = warpgroup_mma_wait(1, deps=[acc, held])  # the last half's second MMA has retired
-        if not LATE_RELEASE:
-            _release(empty, (j + STAGES - 1) % STAGES, j > 0)
+        fence_async_shared()  # its slot's shared loads, before the producer's TMA overwrites it
+        mbarrier.arrive(empty.index((j + STAGES - 1) % STAGES), count=1, pred=j > 0)
         b = _decoded_chunk(words_half, scale_word, 1, CHUNK_WORDS, A_OP, LAYOUT)
         acc = warpgroup_mma(b, x_ring.index(2 * slot + 1).permute((1, 0)), acc, is_async=True)
         acc, a = warpgroup_mma_wait(1, deps=[acc, a])
-        if LATE_RELEASE:
-            _release(empty, (j + STAGES - 1) % STAGES, j > 0)
         held = b
     acc, held = warpgroup_mma_wait(0, deps=[acc, held])
     return (acc,)
-
-
-@gluon.jit
-def _release(empty, slot, pred):
-    """Ring slot ``slot`` back to the producer, its MMAs retired."""
-    fence_async_shared()  # the slot's shared loads, before the producer's TMA overwrites it
-    mbarrier.arrive(empty.index(slot), count=1, pred=pred)
 
 
 @gluon.jit
@@ -160,7 +148,6 @@ def nvfp4_linear_wgmma_ws_gluon_kernel(
     SPLIT_K: gl.constexpr,
     LAYOUT: gl.constexpr,
     PDL: gl.constexpr = False,
-    LATE_RELEASE: gl.constexpr = False,
 ):
     """``out = x @ W^T`` (+ bias) for a tile of ``16 WARPS`` weight rows and ``BLOCK_M`` tokens
     (``y^T = W @ x^T``, swap-AB, as the ``wgmma`` form), K in whole 256-wide steps."""
@@ -181,11 +168,7 @@ def nvfp4_linear_wgmma_ws_gluon_kernel(
 
     (acc,) = gl.warp_specialize(
         [
-            (
-                _consumer,
-                (words_ring, scales_ring, x_ring, full, empty, halves, BLOCK_N, BLOCK_M, WARPS, STAGES, LAYOUT,
-                 LATE_RELEASE),
-            ),
+            (_consumer, (words_ring, scales_ring, x_ring, full, empty, halves, BLOCK_N, BLOCK_M, WARPS, STAGES, LAYOUT)),
             (
                 _producer,
                 (words_desc, scales_desc, x_desc, words_ring, scales_ring, x_ring, full, empty, pid_n * BLOCK_N,
@@ -220,13 +203,6 @@ ACTS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, 
 # (``bench/probe_prefill_gaps.py``, 059fae2: Llama's projections 4794 us unchained against 5000
 # chained at 128 tokens, 12436 against 13045 at 512, the kernels themselves slower chained; why was not measured).
 PDL_CHAIN = False
-# Where the MMA warps release a ring slot (``_consumer``): Triton 3.6 puts three CTA barriers in a
-# half-step, the arrive's own and one before each wait and after each arrive, and Nsight Compute
-# had the 256-token tile at 512 tokens stalled on them 3.9 of its 9.5 cycles between issues
-# (064291d, ``h200-ncu-gate_up512_ws256-064291d.txt``). Released after the half's second MMA is
-# issued, the third falls together with the next wait's: two. A probe until the H200 has timed it
-# (``bench/probe_ws_release.py``). Triton 3.9 puts only the arrive's.
-LATE_RELEASE = False
 # sm_90's: the same instructions as the ``wgmma`` form, the same weight layouts.
 qualifies = linear_wgmma_gluon.qualifies
 LAYOUTS = linear_wgmma_gluon.LAYOUTS
@@ -304,7 +280,6 @@ def launch(
         SPLIT_K=split,
         LAYOUT=layout,
         PDL=chain,
-        LATE_RELEASE=LATE_RELEASE,
         num_warps=config["WARPS"],
         maxnreg=registers(config),
         launch_pdl=chain,
