@@ -449,14 +449,12 @@ def builds() -> Iterator[Build]:
             linear_wgmma_ws_gluon.configs(m, 4096, 4096), linear_wgmma_ws_gluon.LAYOUTS, (False, True)
         )
         for cfg, layout, pdl in ws_settings:  # PDL both ways: its chain is a probe (``PDL_CHAIN``)
-            for parts in (1, 2) if cfg["WARPS"] == 8 else (1,):  # two partitions: a probe too (``PARTS``)
-                tile = {k: cfg[k] for k in ("BLOCK_M", "WARPS", "STAGES")}
-                consts = {"HAS_BIAS": False, "LAYOUT": layout, "PDL": pdl, "PARTS": parts} | tile
-                signature = _ws_signature(cfg["BLOCK_M"], cfg["WARPS"])  # _split_build copies it
-                sig, consts = _split_build(signature, consts, cfg.get("SPLIT_K", 1))
-                fn = linear_wgmma_ws_gluon.nvfp4_linear_wgmma_ws_gluon_kernel
-                cap = linear_wgmma_ws_gluon.registers(cfg)
-                yield from unique(Build("linear_wgmma_ws_gluon", fn, sig, consts, cfg["WARPS"] // parts, 1, (90,), cap))
+            tile = {k: cfg[k] for k in ("BLOCK_M", "WARPS", "STAGES")}
+            consts = {"HAS_BIAS": False, "LAYOUT": layout, "PDL": pdl} | tile
+            signature = _ws_signature(cfg["BLOCK_M"], cfg["WARPS"])  # _split_build copies it
+            sig, consts = _split_build(signature, consts, cfg.get("SPLIT_K", 1))
+            fn, cap = linear_wgmma_ws_gluon.nvfp4_linear_wgmma_ws_gluon_kernel, linear_wgmma_ws_gluon.registers(cfg)
+            yield from unique(Build("linear_wgmma_ws_gluon", fn, sig, consts, cfg["WARPS"], 1, (90,), cap))
     for layout, pdl in product(linear_wgmma_gluon.LAYOUTS, (False, True)):
         consts = {"ROWS": permute_steps.ROWS, "V": permute_steps.V, "LAYOUT": layout, "PDL": pdl}
         fn = permute_steps.permute_steps_kernel

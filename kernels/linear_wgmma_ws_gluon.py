@@ -28,11 +28,6 @@ Llama's gate_up 185.2 us against 251.3 and 153.2, down 92.5 against 125.6 and 76
 tokens it lost to the ring and ``wgmma`` forms on every expert-sized shape timed, at 2048 to the
 dequant form on them; Llama's qkv at 128 tokens it won (20.0 against the ``wgmma`` form's 24.2
 us, cuBLAS 16.4; ``h200-kernels-small-59aeccb.json``). The adjudicator chooses from 65 tokens on.
-
-Eight MMA warps are one partition of two warpgroups, or (``PARTS = 2`` in a config) two of one
-warpgroup each over half the rows: each waits on the ring and releases its slots by itself (a
-slot's "empty" mbarrier counts both), so one warpgroup's barriers do not hold the other's. Not
-offered until the H200 has timed it (``bench/probe_ws_parts.py``).
 """
 
 from __future__ import annotations
@@ -62,11 +57,6 @@ CHUNK_K = 64  # a wgmma's K: one scale group of the A fragment
 PRODUCER_REGISTERS = 40
 _BLOCK_K, _HALF_K, _CHUNK_K = gl.constexpr(BLOCK_K), gl.constexpr(HALF_K), gl.constexpr(CHUNK_K)
 _PRODUCER_REGISTERS = gl.constexpr(PRODUCER_REGISTERS)
-# The second MMA warpgroup's (``PARTS = 2``): what the SM's 64K registers leave it beside the
-# producer's 40 and the first's, which Triton 3.6 raises to 240 (``setmaxnreg``): as the
-# single-partition form's two warpgroups get (232-240).
-PART_REGISTERS = 232
-_PART_REGISTERS = gl.constexpr(PART_REGISTERS)
 # A TMA load into shared memory: ``async_copy_global_to_shared`` in Triton 3.6 (the H200's),
 # renamed ``async_load`` after it.
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -110,10 +100,9 @@ def _copy_weights(words_desc, scales_desc, words_ring, scales_ring, bar, slot, r
 @gluon.jit
 def _consumer(
     words_ring, scales_ring, x_ring, full, empty, halves, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr,
-    WARPS: gl.constexpr, STAGES: gl.constexpr, LAYOUT: gl.constexpr, ROW0: gl.constexpr = 0,
+    WARPS: gl.constexpr, STAGES: gl.constexpr, LAYOUT: gl.constexpr,
 ):  # fmt: skip
-    """The MMA warps: each half-step's two chunks decoded and multiplied, one MMA kept in flight.
-    Their ``BLOCK_N`` rows are the ring's from ``ROW0`` (``PARTS``)."""
+    """The MMA warps: each half-step's two chunks decoded and multiplied, one MMA kept in flight."""
     ACC: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BLOCK_M, 16]
     )
@@ -125,11 +114,8 @@ def _consumer(
     for j in range(halves):
         slot = j % STAGES
         mbarrier.wait(full.index(slot), (j // STAGES) & 1)
-        words_half = (
-            words_ring.index(slot).reshape([words_ring.shape[1], 4, 2, 2]).slice(ROW0, BLOCK_N, dim=0)
-        )  # [rows, word group, chunk, word]
-        scales = scales_ring.index(slot).slice(ROW0, BLOCK_N, dim=0)
-        scale_word = scales.load(SCALES) >> (16 * (j % 2))  # this half's bytes: chunks 2h, 2h + 1
+        words_half = words_ring.index(slot).reshape([BLOCK_N, 4, 2, 2])  # [rows, word group, chunk, word]
+        scale_word = scales_ring.index(slot).load(SCALES) >> (16 * (j % 2))  # this half's bytes: chunks 2h, 2h + 1
         a = _decoded_chunk(words_half, scale_word, 0, CHUNK_WORDS, A_OP, LAYOUT)
         acc = warpgroup_mma(a, x_ring.index(2 * slot).permute((1, 0)), acc, is_async=True)
         acc, held = warpgroup_mma_wait(1, deps=[acc, held])  # the last half's second MMA has retired
@@ -141,37 +127,6 @@ def _consumer(
         held = b
     acc, held = warpgroup_mma_wait(0, deps=[acc, held])
     return (acc,)
-
-
-@gluon.jit
-def _second_consumer(
-    words_ring, scales_ring, x_ring, full, empty, halves, global_scale_ptr, bias_ptr, out_ptr, row0, tok0, pid_k, M, N,
-    stride_om, HAS_BIAS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, WARPS: gl.constexpr,
-    STAGES: gl.constexpr, SPLIT_K: gl.constexpr, LAYOUT: gl.constexpr,
-):  # fmt: skip
-    """The second MMA warpgroup (``PARTS = 2``): the ring's last ``BLOCK_N`` rows, multiplied and
-    stored by itself (a worker partition returns nothing)."""
-    (acc,) = _consumer(
-        words_ring, scales_ring, x_ring, full, empty, halves, BLOCK_N, BLOCK_M, WARPS, STAGES, LAYOUT, BLOCK_N
-    )
-    _store_rows(
-        acc, row0 + BLOCK_N, tok0, global_scale_ptr, bias_ptr, out_ptr, pid_k, M, N, stride_om, HAS_BIAS, SPLIT_K
-    )
-
-
-@gluon.jit
-def _store_rows(
-    acc, row0, tok0, global_scale_ptr, bias_ptr, out_ptr, pid_k, M, N, stride_om, HAS_BIAS: gl.constexpr,
-    SPLIT_K: gl.constexpr,
-):  # fmt: skip
-    """An MMA warpgroup's accumulator, rows from ``row0`` and tokens from ``tok0``, into ``out``."""
-    ACC: gl.constexpr = acc.type.layout
-    offs_n = row0 + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, ACC))
-    offs_m = tok0 + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, ACC))
-    mask = gl.expand_dims(offs_n < N, 1) & gl.expand_dims(offs_m < M, 0)
-    _store_tile(
-        acc, offs_n, offs_m, mask, out_ptr, bias_ptr, global_scale_ptr, pid_k, M, N, stride_om, HAS_BIAS, SPLIT_K
-    )
 
 
 @gluon.jit
@@ -193,15 +148,10 @@ def nvfp4_linear_wgmma_ws_gluon_kernel(
     SPLIT_K: gl.constexpr,
     LAYOUT: gl.constexpr,
     PDL: gl.constexpr = False,
-    PARTS: gl.constexpr = 1,
 ):
     """``out = x @ W^T`` (+ bias) for a tile of ``16 WARPS`` weight rows and ``BLOCK_M`` tokens
-    (``y^T = W @ x^T``, swap-AB, as the ``wgmma`` form), K in whole 256-wide steps. ``PARTS = 2``:
-    the MMA warps in two partitions of a warpgroup each (``WARPS = 8``), the kernel's own warps
-    the first."""
+    (``y^T = W @ x^T``, swap-AB, as the ``wgmma`` form), K in whole 256-wide steps."""
     BLOCK_N: gl.constexpr = 16 * WARPS
-    PART_N: gl.constexpr = BLOCK_N // PARTS
-    PART_WARPS: gl.constexpr = WARPS // PARTS
     pid_n, pid_m, pid_k = gl.program_id(0), gl.program_id(1), gl.program_id(2)
     per_split = gl.cdiv(K // _BLOCK_K, SPLIT_K)
     first = pid_k * per_split
@@ -214,43 +164,33 @@ def nvfp4_linear_wgmma_ws_gluon_kernel(
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(full.index(s), count=1)
-        mbarrier.init(empty.index(s), count=PARTS)  # every partition's release
+        mbarrier.init(empty.index(s), count=1)
 
-    if PARTS == 1:
-        (acc,) = gl.warp_specialize(
-            [
-                (_consumer, (words_ring, scales_ring, x_ring, full, empty, halves, BLOCK_N, BLOCK_M, WARPS, STAGES,
-                             LAYOUT)),
-                (_producer, (words_desc, scales_desc, x_desc, words_ring, scales_ring, x_ring, full, empty,
-                             pid_n * BLOCK_N, pid_m * BLOCK_M, first, halves, STAGES, PDL)),
-            ],
-            [1],
-            [_PRODUCER_REGISTERS],
-        )  # fmt: skip
-    else:
-        (acc,) = gl.warp_specialize(
-            [
-                (_consumer, (words_ring, scales_ring, x_ring, full, empty, halves, PART_N, BLOCK_M, PART_WARPS, STAGES,
-                             LAYOUT)),
-                (_second_consumer, (words_ring, scales_ring, x_ring, full, empty, halves, global_scale_ptr, bias_ptr,
-                                    out_ptr, pid_n * BLOCK_N, pid_m * BLOCK_M, pid_k, M, N, stride_om, HAS_BIAS,
-                                    PART_N, BLOCK_M, PART_WARPS, STAGES, SPLIT_K, LAYOUT)),
-                (_producer, (words_desc, scales_desc, x_desc, words_ring, scales_ring, x_ring, full, empty,
-                             pid_n * BLOCK_N, pid_m * BLOCK_M, first, halves, STAGES, PDL)),
-            ],
-            [PART_WARPS, 1],
-            [_PART_REGISTERS, _PRODUCER_REGISTERS],
-        )  # fmt: skip
+    (acc,) = gl.warp_specialize(
+        [
+            (_consumer, (words_ring, scales_ring, x_ring, full, empty, halves, BLOCK_N, BLOCK_M, WARPS, STAGES, LAYOUT)),
+            (
+                _producer,
+                (words_desc, scales_desc, x_desc, words_ring, scales_ring, x_ring, full, empty, pid_n * BLOCK_N,
+                 pid_m * BLOCK_M, first, halves, STAGES, PDL),
+            ),
+        ],
+        [1],
+        [_PRODUCER_REGISTERS],
+    )  # fmt: skip
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(full.index(s))
         mbarrier.invalidate(empty.index(s))
     if PDL:  # every read of the ring done: the next kernel may start (it waits before reading ``out``)
         gdc_launch_dependents()
 
-    _store_rows(
-        acc, pid_n * BLOCK_N, pid_m * BLOCK_M, global_scale_ptr, bias_ptr, out_ptr, pid_k, M, N, stride_om, HAS_BIAS,
-        SPLIT_K,
-    )  # fmt: skip
+    ACC: gl.constexpr = acc.type.layout  # the MMA warps' accumulator (``_consumer``)
+    offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
+    offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ACC))
+    mask = gl.expand_dims(offs_n < N, 1) & gl.expand_dims(offs_m < M, 0)
+    _store_tile(
+        acc, offs_n, offs_m, mask, out_ptr, bias_ptr, global_scale_ptr, pid_k, M, N, stride_om, HAS_BIAS, SPLIT_K
+    )
 
 
 WORDS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
@@ -313,9 +253,6 @@ def launch(
 
     require_bf16("x", x)
     refuse_oversized_ring(config, ring_bytes(config))
-    parts = config.get("PARTS", 1)
-    if parts not in (1, 2) or (parts == 2 and config["WARPS"] != 8):
-        raise ValueError(f"config {config}: PARTS must be 1, or 2 with WARPS 8 (a warpgroup a partition), got {parts}")
     if x.shape[1] % BLOCK_K:
         raise ValueError(f"K must be whole {BLOCK_K}-wide steps for this form, got {x.shape[1]}")
     layout = config.get("LAYOUT", ring_layout.CHECKPOINT)
@@ -343,8 +280,7 @@ def launch(
         SPLIT_K=split,
         LAYOUT=layout,
         PDL=chain,
-        PARTS=parts,
-        num_warps=config["WARPS"] // parts,
+        num_warps=config["WARPS"],
         maxnreg=registers(config),
         launch_pdl=chain,
     )

@@ -131,20 +131,18 @@ for name in ("linear_w4a4", "moe_gate_up_w4a4", "moe_down_w4a4"):
 @pytest.mark.parametrize("triton_path", ["suite", "h200"])
 def test_warp_specialized_wgmma_builds_for_sm_90_fed_by_tma_alone(triton_path):
     """The warp-specialized form's builds as ``build.builds()`` has them (its TMA descriptors'
-    signatures, its register cap), a 256-token tile, a split one chained with PDL and one of two
-    MMA partitions, with the suite's Triton and the H200's: its ring fed by TMA copies under
-    mbarriers, no thread's own ``cp.async``, ``griddepcontrol`` exactly where chained, registers
-    moved to the MMA warps (``setmaxnreg``; to the second partition too where ``PARTS = 2``), and
-    exactly its ring in shared memory beside the mbarriers. (The background build compiles all of
-    its covering for sm_90.)"""
+    signatures, its register cap), a 256-token tile and a split one chained with PDL, with the
+    suite's Triton and the H200's: its ring fed by TMA copies under mbarriers, no thread's own
+    ``cp.async``, ``griddepcontrol`` exactly where chained, registers moved to the MMA warps
+    (``setmaxnreg``), and exactly its ring in shared memory beside the mbarriers. (The background
+    build compiles all of its covering for sm_90.)"""
     code = """
 import triton
 from flashrt.kernels import build, linear_wgmma_ws_gluon as ws
 
 covering = [b for b in build.pairwise(build.builds()) if b.name == "linear_wgmma_ws_gluon"]
 chosen = [next(b for b in covering if b.constexprs["BLOCK_M"] == 256 and not b.constexprs["PDL"]),
-          next(b for b in covering if b.constexprs["SPLIT_K"] > 1 and b.constexprs["PDL"]),
-          next(b for b in covering if b.constexprs["PARTS"] == 2)]
+          next(b for b in covering if b.constexprs["SPLIT_K"] > 1 and b.constexprs["PDL"])]
 for b in chosen:
     cfg = b.constexprs
     assert b.targets == (90,) and b.maxnreg == ws.registers(cfg), cfg
@@ -153,8 +151,6 @@ for b in chosen:
     assert "cp.async.bulk.tensor" in ptx and "mbarrier.try_wait" in ptx and "wgmma.mma_async" in ptx, cfg
     assert "cp.async.cg" not in ptx and "cp.async.ca" not in ptx and "setmaxnreg.inc" in ptx, cfg
     assert f".maxnreg {b.maxnreg}" in ptx, cfg
-    parted = f"setmaxnreg.inc.sync.aligned.u32 \\t{ws.PART_REGISTERS};" in ptx  # the second MMA partition's
-    assert parted == (cfg["PARTS"] == 2) and b.num_warps == cfg["WARPS"] // cfg["PARTS"], cfg
     assert ("griddepcontrol.wait" in ptx) == ("griddepcontrol.launch_dependents" in ptx) == cfg["PDL"], cfg
     assert 0 <= k.metadata.shared - ws.ring_bytes(cfg) <= 1024, (cfg, k.metadata.shared)
     assert k.asm["cubin"], cfg

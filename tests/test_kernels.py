@@ -361,8 +361,7 @@ def test_warp_specialized_wgmma_covers_every_token_row_and_half_step(
     (1000 rows), rings that wrap many times and fewer half-steps than stages (768: 3 steps in 2
     splits), splits that do not divide the steps, both weight layouts; bias, the output poisoned
     first. Chained with PDL (``PDL_CHAIN``: the weights of the first stages copied before the
-    wait for the permute), and with eight MMA warps as two partitions (``PARTS``), every bit the
-    same."""
+    wait for the permute), every bit the same."""
     n = 1000
     q = nvfp4.quantize(torch.randn(n, k, dtype=torch.bfloat16, device=device))
     packed = ring_layout.pack(q.packed) if layout == ring_layout.RING else q.packed
@@ -371,15 +370,14 @@ def test_warp_specialized_wgmma_covers_every_token_row_and_half_step(
     config = {"BLOCK_M": block_m, "WARPS": warps, "STAGES": stages, "SPLIT_K": split, "LAYOUT": layout}
     assert linear_wgmma_ws_gluon.ring_bytes(config) <= linear_wgmma_ws_gluon.RING_BYTES
     outs = {}
-    for chained, parts in ((False, 1), (True, 1), *([(False, 2)] if warps == 8 else [])):
+    for chained in (False, True):
         monkeypatch.setattr(linear_wgmma_ws_gluon, "PDL_CHAIN", chained)
-        out = outs[chained, parts] = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
-        linear_wgmma_ws_gluon.launch(x, packed, q.scales, q.global_scale, bias, out, config | {"PARTS": parts}, False)
+        out = outs[chained] = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
+        linear_wgmma_ws_gluon.launch(x, packed, q.scales, q.global_scale, bias, out, config, False)
     ref = ops.linear_reference(x, q, bias)
-    first = outs[False, 1]
-    assert not first.isnan().any()
-    assert (first.double() - ref.double()).norm() / ref.double().norm() < 1e-2
-    assert all(torch.equal(out, first) for out in outs.values())
+    assert not outs[False].isnan().any()
+    assert (outs[False].double() - ref.double()).norm() / ref.double().norm() < 1e-2
+    assert torch.equal(outs[True], outs[False])
 
 
 def test_warp_specialized_wgmma_launches_its_tiles_and_refuses_what_it_cannot_run(monkeypatch, device):
@@ -404,7 +402,7 @@ def test_warp_specialized_wgmma_launches_its_tiles_and_refuses_what_it_cannot_ru
     ((_, grid, args, kwargs),) = calls
     assert grid == (8, 2, 3) and args[:3] == ("w", "s", "x") and args[6:] == (m, n, k, n)
     assert args[5].dtype == torch.float32 and args[5].shape == (3, m, n), "split: fp32 partials"
-    assert kwargs["maxnreg"] == 168 and kwargs["num_warps"] == 8 and kwargs["PARTS"] == 1 and len(reduced) == 1
+    assert kwargs["maxnreg"] == 168 and kwargs["num_warps"] == 8 and len(reduced) == 1
     from flashrt.kernels.decode import interpreted
 
     committed = linear_wgmma_ws_gluon.PDL_CHAIN and not interpreted()
@@ -413,12 +411,6 @@ def test_warp_specialized_wgmma_launches_its_tiles_and_refuses_what_it_cannot_ru
     monkeypatch.setattr("flashrt.kernels.decode.interpreted", lambda: False)
     linear_wgmma_ws_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, config, False)
     assert calls[1][3]["PDL"] and calls[1][3]["launch_pdl"] and permuted[1] and reduced[1], "chained"
-    linear_wgmma_ws_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, config | {"PARTS": 2}, False)
-    assert calls[2][3]["PARTS"] == 2 and calls[2][3]["num_warps"] == 4 and calls[2][3]["maxnreg"] == 168, "two parts"
-    for parts, warps in ((2, 4), (3, 8)):
-        with pytest.raises(ValueError, match="PARTS must be 1, or 2 with WARPS 8"):
-            bad = config | {"PARTS": parts, "WARPS": warps}
-            linear_wgmma_ws_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, bad, False)
     offered = linear_wgmma_ws_gluon.configs(512, 28672, 4096) + linear_wgmma_ws_gluon.configs(2048, 1024, 768)
     assert {c["BLOCK_M"] for c in offered} == {64, 128, 256}
     for c in offered:
