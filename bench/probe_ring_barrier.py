@@ -10,9 +10,9 @@ writes the slot of step i - 1, which the first barrier freed), so the second is 
 Same run, each from HBM (``ops._time_us``), weights in ``ring_layout``, the H200's tuned choice
 (``bench/tuning``): the kernel as Triton 3.6 compiles it, and the same PTX with that one
 ``bar.sync`` taken out of the loop (``ir_override``: Triton compiles the edited PTX as the
-kernel's), the output bit for bit the same, each twice in turn, for Llama-3-8B's projections and
-a 151936 x 2048 LM head at 1, 4, 8 and 16 tokens. An upper bound on what removing it from the
-source (one slot per allocation) would gain.
+kernel's), and the source's way of leaving it out (``SLOTS_APART``: each slot an allocation of its
+own, the loop unrolled by the stages), the output bit for bit the same, each twice in turn, for
+Llama-3-8B's projections and a 151936 x 2048 LM head at 1, 4, 8 and 16 tokens.
 
 ``python3 bench/probe_ring_barrier.py OUT.json`` with flashrt importable (``bench/gpu_run.sh``);
 the JSON is rewritten after each row; stops at ``DEADLINE_S``.
@@ -102,19 +102,34 @@ def main(path: str) -> None:
                 f.write(ptx)
             row = {"shape": shape, "N": n, "K": k, "M": m, "config": name(choice[1]), "removed": removed}
             row["bar_sync"] = kernel.compiled.asm["ptx"].count("bar.sync")
-            row["compiled"], row["edited"] = [], []
+            apart = functools.partial(
+                linear_mma_gluon.launch,
+                x,
+                ring,
+                w.scales,
+                w.global_scale,
+                None,
+                out,
+                config | {"SLOTS_APART": True},
+                True,
+            )
+            arms = (("compiled", None, run), ("edited", edited, run), ("apart", None, apart))
+            row |= {arm: [] for arm, _, _ in arms}
             for _ in range(2):
-                for arm, override in (("compiled", None), ("edited", edited)):
+                for arm, override, launch in arms:
                     kernel.override = override
-                    row[arm].append(timed(run, out, ref))
-                    if arm == "edited":
-                        row["same_bits"] = torch.equal(out, compiled) and row.get("same_bits", True)
+                    row[arm].append(timed(launch, out, ref))
+                    if arm != "compiled":
+                        row[f"{arm}_same_bits"] = torch.equal(out, compiled) and row.get(f"{arm}_same_bits", True)
+                    if arm == "apart":
+                        row["apart_bar_sync"] = kernel.compiled.asm["ptx"].count("bar.sync")
             kernel.override = None
             result["rows"].append(row)
-            us = {arm: [r["us"] and round(r["us"], 2) for r in row[arm]] for arm in ("compiled", "edited")}
+            us = {arm: [r["us"] and round(r["us"], 2) for r in row[arm]] for arm, _, _ in arms}
             print(
                 f"{shape:14s} M={m:2d} {row['config']}: removed {removed} of {row['bar_sync']} bar.sync;"
-                f" compiled {us['compiled']} edited {us['edited']} same bits {row.get('same_bits')}",
+                f" compiled {us['compiled']} edited {us['edited']} apart {us['apart']} ({row['apart_bar_sync']})"
+                f" same bits {row.get('edited_same_bits')} {row.get('apart_same_bits')}",
                 flush=True,
             )
             with open(path, "w") as f:
