@@ -293,32 +293,16 @@ def _start_weights(
     step, slot, steps, words_ring, scales_ring, words_ptr, scales_ptr, first, word_off, scale_off, walk_words,
     walk_scales, EXPERT_STEPS: gl.constexpr,
 ):  # fmt: skip
-    _copy_weights(
-        step, steps, words_ring.index(slot), scales_ring.index(slot), words_ptr, scales_ptr, first, word_off,
-        scale_off, walk_words, walk_scales, EXPERT_STEPS,
-    )  # fmt: skip
-
-
-@gluon.jit
-def _copy_weights(
-    step, steps, words_slot, scales_slot, words_ptr, scales_ptr, first, word_off, scale_off, walk_words, walk_scales,
-    EXPERT_STEPS: gl.constexpr,
-):  # fmt: skip
     if step < steps:
         words_at, scales_at = _step_offsets(first + step, walk_words, walk_scales, EXPERT_STEPS)
-        _async_load(words_slot, words_ptr + words_at + word_off)
-        _async_load(scales_slot, scales_ptr + scales_at + scale_off)
+        _async_load(words_ring.index(slot), words_ptr + words_at + word_off)
+        _async_load(scales_ring.index(slot), scales_ptr + scales_at + scale_off)
 
 
 @gluon.jit
 def _start_activations(step, slot, steps, x_ring, x_ptr, first, x_off, x_mask):
-    _copy_activations(step, steps, x_ring.index(slot), x_ptr, first, x_off, x_mask)
-
-
-@gluon.jit
-def _copy_activations(step, steps, x_slot, x_ptr, first, x_off, x_mask):
     if step < steps:
-        _async_load(x_slot, x_ptr + (first + step) * (32 * V) + x_off, mask=x_mask)
+        _async_load(x_ring.index(slot), x_ptr + (first + step) * (32 * V) + x_off, mask=x_mask)
 
 
 @gluon.jit
@@ -445,7 +429,7 @@ def _ring_product(
     x_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, first, steps,
     BLOCK_M: gl.constexpr, ROW_TILES: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr,
     walk_words=0, walk_scales=0, EXPERT_STEPS: gl.constexpr = 0, LAYOUT: gl.constexpr = 0, PDL: gl.constexpr = False,
-    TRIGGER: gl.constexpr = False, SLOTS_APART: gl.constexpr = False,
+    TRIGGER: gl.constexpr = False,
 ):  # fmt: skip
     """``acc [BLOCK_N, max(BLOCK_M, 8)]``: the program's weight rows (``word_off``/``scale_off``
     at step 0) times its tokens (``x_off``, ``x_mask``) over ``steps`` steps from ``first``,
@@ -463,11 +447,6 @@ def _ring_product(
     # memory phase (4 quarters x 2 tokens) read 8 different banks.
     SWIZZLED: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, order=[1, 0])
 
-    if SLOTS_APART:
-        return _ring_product_apart(
-            x_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, first, steps, BLOCK_M, ROW_TILES, WARPS,
-            STAGES, walk_words, walk_scales, EXPERT_STEPS, LAYOUT, PDL, TRIGGER,
-        )  # fmt: skip
     words_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 4 * V], words_shared_layout())
     scales_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 4], PLAIN)
     x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, 4 * BLOCK_M, 8 * V], SWIZZLED)
@@ -490,66 +469,6 @@ def _ring_product(
         acc = _times_activations(
             acc, a, x_ring.index(slot).load(acts_load_layout(BLOCK_M, WARPS)), BLOCK_M, WARPS, LAYOUT
         )
-    async_copy.wait_group(0)
-    if TRIGGER:
-        gdc_launch_dependents()
-    return acc
-
-
-@gluon.jit
-def _ring_product_apart(
-    x_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, first, steps, BLOCK_M: gl.constexpr,
-    ROW_TILES: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr, walk_words, walk_scales,
-    EXPERT_STEPS: gl.constexpr, LAYOUT: gl.constexpr, PDL: gl.constexpr, TRIGGER: gl.constexpr,
-):  # fmt: skip
-    """``_ring_product`` with each ring slot an allocation of its own and the loop unrolled by
-    ``STAGES``, so every slot index is a constant (``SLOTS_APART``)."""
-    BLOCK_N: gl.constexpr = 16 * ROW_TILES * WARPS
-    MMA_M: gl.constexpr = mma_tokens(BLOCK_M)
-    ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
-    WORDS: gl.constexpr = words_layout(ROW_TILES, WARPS)
-    SCALES: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, WORDS))
-    PLAIN: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-    SWIZZLED: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, order=[1, 0])
-    words_slots = ()
-    scales_slots = ()
-    x_slots = ()
-    for _ in gl.static_range(STAGES):  # tuples grow by concatenation in Gluon, not by unpacking
-        words_slots = words_slots + (gl.allocate_shared_memory(gl.int32, [BLOCK_N, 4 * V], words_shared_layout()),)  # noqa: RUF005
-        scales_slots = scales_slots + (gl.allocate_shared_memory(gl.int32, [BLOCK_N, 4], PLAIN),)  # noqa: RUF005
-        x_slots = x_slots + (gl.allocate_shared_memory(gl.bfloat16, [4 * BLOCK_M, 8 * V], SWIZZLED),)  # noqa: RUF005
-    for s in gl.static_range(STAGES - 1):
-        _copy_weights(
-            s, steps, words_slots[s], scales_slots[s], words_ptr, scales_ptr, first, word_off, scale_off, walk_words,
-            walk_scales, EXPERT_STEPS,
-        )  # fmt: skip
-        if not PDL:
-            _copy_activations(s, steps, x_slots[s], x_ptr, first, x_off, x_mask)
-            async_copy.commit_group()
-    if PDL:
-        gdc_wait()
-        for s in gl.static_range(STAGES - 1):
-            _copy_activations(s, steps, x_slots[s], x_ptr, first, x_off, x_mask)
-            async_copy.commit_group()
-
-    acc = gl.zeros([BLOCK_N, MMA_M], gl.float32, layout=ACC)
-    for i0 in range(0, steps, STAGES):
-        for s in gl.static_range(STAGES):
-            if i0 + s < steps:
-                async_copy.wait_group(STAGES - 2)  # this thread's copies of step i0 + s have landed
-                _barrier()  # everyone's have, and everyone is done with the slot refilled next
-                ahead = i0 + s + STAGES - 1
-                _copy_weights(
-                    ahead, steps, words_slots[(s + STAGES - 1) % STAGES], scales_slots[(s + STAGES - 1) % STAGES],
-                    words_ptr, scales_ptr, first, word_off, scale_off, walk_words, walk_scales, EXPERT_STEPS,
-                )  # fmt: skip
-                _copy_activations(ahead, steps, x_slots[(s + STAGES - 1) % STAGES], x_ptr, first, x_off, x_mask)
-                async_copy.commit_group()
-                words = words_slots[s].reshape([BLOCK_N, 4, V // 2, 2]).load(WORDS)
-                a = _weights_fragment(words, scales_slots[s].load(SCALES), WARPS, LAYOUT)
-                acc = _times_activations(
-                    acc, a, x_slots[s].load(acts_load_layout(BLOCK_M, WARPS)), BLOCK_M, WARPS, LAYOUT
-                )
     async_copy.wait_group(0)
     if TRIGGER:
         gdc_launch_dependents()
@@ -716,7 +635,6 @@ def nvfp4_linear_mma_gluon_kernel(
     LAYOUT: gl.constexpr,
     FOLD: gl.constexpr,
     PDL: gl.constexpr,
-    SLOTS_APART: gl.constexpr = False,
 ):
     BLOCK_N: gl.constexpr = 16 * ROW_TILES * WARPS
     SCALES: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, words_layout(ROW_TILES, WARPS)))
@@ -735,7 +653,7 @@ def nvfp4_linear_mma_gluon_kernel(
     )
     acc = _ring_product(
         x_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, first, steps, BLOCK_M, ROW_TILES, WARPS,
-        STAGES, LAYOUT=LAYOUT, PDL=PDL, TRIGGER=_lets_dependents_start(PDL, SPLIT_K, FOLD), SLOTS_APART=SLOTS_APART,
+        STAGES, LAYOUT=LAYOUT, PDL=PDL, TRIGGER=_lets_dependents_start(PDL, SPLIT_K, FOLD),
     )  # fmt: skip
     _store_product(
         acc, pid_n, pid_m, pid_k, out_ptr, bias_ptr, global_scale_ptr, M, N, stride_om, HAS_BIAS, BLOCK_M, SPLIT_K,
@@ -833,7 +751,7 @@ def launch(
     return launch_ring(
         nvfp4_linear_mma_gluon_kernel, aligned_activations, x, packed, scales, global_scale, bias, out, config, pdl,
         chunk_words=chunk_words, chunk_scales=chunk_words // 8, CHUNKS=chunks, LAYOUT=config.get("LAYOUT", 0),
-        PDL=pdl, SLOTS_APART=config.get("SLOTS_APART", False),
+        PDL=pdl,
     )  # fmt: skip
 
 
