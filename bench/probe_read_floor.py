@@ -23,19 +23,12 @@ import sys
 import torch
 import triton
 import triton.language as tl
-from flashrt.bench.kernels import provenance
+from flashrt.bench.kernels import LINEAR_SHAPES, provenance
 from flashrt.bench.timing import copy_bandwidth_tbps
 from flashrt.kernels import ops
 
-# (layer, N, K): NVFP4 words are N K / 2 bytes, scales N K / 16.
-LAYERS = [
-    ("qkv", 6144, 4096),
-    ("o", 4096, 4096),
-    ("down", 4096, 14336),
-    ("gate_up", 28672, 4096),
-    ("lm_head", 151936, 2048),
-    ("expert_gate_up_30b", 1536, 2048),
-]
+# The kernel table's layers and Llama's o; NVFP4 words are N K / 2 bytes, scales N K / 16.
+LAYERS = [*LINEAR_SHAPES[:4], ("o", 4096, 4096), *LINEAR_SHAPES[4:]]
 READ_BLOCK = 4096  # int32 words a program reads a step: 16 KB, four 16-byte loads a thread at 256 threads
 
 

@@ -23,34 +23,14 @@ import sys
 import time
 
 import torch
-import triton
 from flashrt.bench.kernels import LINEAR_SHAPES, provenance
 from flashrt.bench.probe_ring_depth import fastest, name, timed
 from flashrt.bench.probe_warps import tuned
 from flashrt.kernels import linear_wgmma_ws_gluon, nvfp4, ops, ring_layout
-from flashrt.kernels.linear_mma import split_ks
 
 DEADLINE_S = 230
 SHAPES = [*LINEAR_SHAPES[:4], ("o", 4096, 4096), *LINEAR_SHAPES[4:]]
 TOKENS = (64, 32)
-
-
-def candidates(m: int, n: int, k: int) -> list[dict]:
-    """The form's configs at ``m`` tokens as ``configs`` makes them past 64, with 32-token tiles too."""
-    out = []
-    for block_m in (32, 64, 128):
-        for warps in (4, 8):
-            for stages in (4, 6, 8):
-                base = {"BLOCK_M": block_m, "WARPS": warps, "STAGES": stages}
-                ring = linear_wgmma_ws_gluon.ring_bytes
-                if ring(base) > linear_wgmma_ws_gluon.RING_BYTES:
-                    base["STAGES"] = linear_wgmma_ws_gluon.RING_BYTES // ring({**base, "STAGES": 1})
-                if base in out or base["STAGES"] < 3:
-                    continue
-                out.append(base)
-                programs = triton.cdiv(n, 16 * warps) * triton.cdiv(m, block_m)
-                out += [{**base, "SPLIT_K": s} for s in split_ks(programs, k, 256, least=linear_wgmma_ws_gluon.SMS)]
-    return out
 
 
 def main(path: str) -> None:
@@ -76,7 +56,7 @@ def main(path: str) -> None:
                     ops.LINEAR_FORMS[form].launch, *args, config | {"LAYOUT": ring_layout.RING}, True
                 )
                 row["served"] = timed(run, out, ref) | {"form": form, "config": name(config)}
-            for c in candidates(m, n, k):
+            for c in linear_wgmma_ws_gluon.tile_configs(m, n, k, (32, 64, 128)):
                 run = functools.partial(linear_wgmma_ws_gluon.launch, *args, c | {"LAYOUT": ring_layout.RING}, True)
                 row["ws"][name(c)] = timed(run, out, ref)
             dense = nvfp4.dequantize(w, torch.bfloat16)

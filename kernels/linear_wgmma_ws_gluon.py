@@ -297,8 +297,14 @@ def configs(m: int, n: int, k: int) -> list[dict]:
 
     if interpreted() or k % BLOCK_K or not MIN_TOKENS <= m <= MAX_TOKENS:
         return []
+    return tile_configs(m, n, k, (64, 128, 256) if m > 128 else (64, 128))
+
+
+def tile_configs(m: int, n: int, k: int, block_ms: tuple[int, ...]) -> list[dict]:
+    """``configs``' candidates for token tiles ``block_ms``, whatever ``m`` (``bench/probe_ws_tokens.py``
+    times tiles it does not offer)."""
     out = []
-    for block_m in (64, 128, 256) if m > 128 else (64, 128):
+    for block_m in block_ms:
         for warps in (4, 8):
             for stages in (4, 6, 8):
                 base = {"BLOCK_M": block_m, "WARPS": warps, "STAGES": stages}
