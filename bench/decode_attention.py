@@ -34,13 +34,21 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from flashrt.kernels.decode import interpreted
+from flashrt.kernels.decode import interpreted, launch_pdl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 BLOCK_L = 32  # keys a step: the cache of the e2e (259 positions) in 9 steps, so 9 splits at most
 # Programs to aim for a layer: the H200's 132 SMs, so a batch-1 layer's 4 key-value heads split
 # 9 ways (36 programs, all the cache allows) and batch 16's 64 heads 3 ways (192).
 TARGET_PROGRAMS = 132
 MASKED = tl.constexpr(-1.0e30)  # a masked key's score: finite, so a split with no visible key stays NaN-free
+# Both kernels launched with PDL where torch.compile launches its kernels so (``decode.launch_pdl``,
+# as the ring forms): each waits for the kernel before it, then lets the one after it start. A
+# serving engine's decode attention takes part the same way (FlashMLA's split-KV decode and its
+# combine wait with ``cudaGridDependencySynchronize``); without it the output projection after
+# the merge starts only once the merge has ended, the one projection of a layer whose first weight
+# steps are not in flight while the kernel before it runs. Both arms run these kernels.
+PDL_LAUNCH: bool | None = None
 
 
 @triton.jit
@@ -73,9 +81,13 @@ def decode_attention_kernel(
     G_POW2: tl.constexpr,
     D_POW2: tl.constexpr,
     UPCAST: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """``partial[b, h, split, g]``, ``max``, ``sum``: query head g of key-value head h of sequence b
     over the visible keys of cache positions ``[split * SPLIT_L, (split + 1) * SPLIT_L)``."""
+    if PDL:  # the query and cache are the kernels' before; the merge may start and wait
+        gdc_wait()
+        gdc_launch_dependents()
     bh, split = tl.program_id(0), tl.program_id(1)
     b, h = bh // KV_HEADS, bh % KV_HEADS
     rows = tl.arange(0, G_POW2)
@@ -118,10 +130,22 @@ def decode_attention_kernel(
 
 @triton.jit
 def merge_splits_kernel(
-    partial_ptr, max_ptr, sum_ptr, out_ptr, G, D, SPLITS, SPLITS_POW2: tl.constexpr, D_POW2: tl.constexpr
+    partial_ptr,
+    max_ptr,
+    sum_ptr,
+    out_ptr,
+    G,
+    D,
+    SPLITS,
+    SPLITS_POW2: tl.constexpr,
+    D_POW2: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """``out[b, h, g] = sum_s e^(max_s - M) partial_s / sum_s e^(max_s - M) sum_s``, M the splits'
     largest max: the softmax over every split's keys (a split with no visible key weighs 0)."""
+    if PDL:  # the partials are the split kernel's; the output projection may start copying its weights
+        gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0)  # (b * KV + h) * G + g
     bh, g = row // G, row % G
     splits = tl.arange(0, SPLITS_POW2)
@@ -170,6 +194,7 @@ def decode_attention(
     maxes = torch.empty(batch, kv_heads, splits, groups, dtype=torch.float32, device=query.device)
     sums = torch.empty_like(maxes)
     d_pow2 = triton.next_power_of_2(dim)
+    pdl = launch_pdl(PDL_LAUNCH)
     decode_attention_kernel[(batch * kv_heads, splits)](
         query, key, value, visible, partial, maxes, sums,
         kv_heads, groups, length, dim, scale,
@@ -178,12 +203,13 @@ def decode_attention(
         value.stride(0), value.stride(1), value.stride(2),
         visible.stride(0), visible.stride(1),
         SPLIT_L=split_l, BLOCK_L=BLOCK_L, G_POW2=max(16, triton.next_power_of_2(groups)), D_POW2=d_pow2,
-        UPCAST=interpreted() or query.dtype == torch.float32,
+        UPCAST=interpreted() or query.dtype == torch.float32, PDL=pdl, launch_pdl=pdl,
     )  # fmt: skip
     out = torch.empty(batch, kv_heads, groups, dim, dtype=query.dtype, device=query.device)
     merge_splits_kernel[(batch * kv_heads * groups,)](
-        partial, maxes, sums, out, groups, dim, splits, SPLITS_POW2=triton.next_power_of_2(splits), D_POW2=d_pow2
-    )
+        partial, maxes, sums, out, groups, dim, splits, SPLITS_POW2=triton.next_power_of_2(splits), D_POW2=d_pow2,
+        PDL=pdl, launch_pdl=pdl,
+    )  # fmt: skip
     return out
 
 

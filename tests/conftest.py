@@ -22,6 +22,26 @@ def device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+@pytest.fixture(scope="session")
+def late_writer():
+    """A kernel that lets its PDL dependents start at once (``gdc_launch_dependents``), then
+    spins ``ns`` nanoseconds and only then writes ``dst`` (one program, ``BLOCK`` elements)."""
+    import triton
+    import triton.language as tl
+    from triton.language.extra.cuda import gdc_launch_dependents, globaltimer
+
+    @triton.jit
+    def kernel(src_ptr, dst_ptr, ns, BLOCK: tl.constexpr):
+        gdc_launch_dependents()
+        start = globaltimer()
+        while globaltimer() - start < ns:
+            pass
+        offs = tl.arange(0, BLOCK)
+        tl.store(dst_ptr + offs, tl.load(src_ptr + offs))
+
+    return kernel
+
+
 @pytest.fixture(autouse=True)
 def _fresh_seed(request):
     """Fresh random inputs in every test and every run; a failure prints the seed to replay it."""

@@ -132,6 +132,38 @@ def test_split_decode_attention_is_attention_over_the_visible_cache(
     torch.testing.assert_close(ours, expected, **({} if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)))
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="PDL needs a GPU")
+def test_split_decode_attention_launched_with_pdl_reads_what_the_kernel_before_wrote(late_writer, monkeypatch):
+    """``PDL_LAUNCH``: the split kernel and its merge start while the kernel before them runs (that
+    kernel lets them, then spends 50 us before writing the query), and read the query only after
+    it is done (``gdc_wait``), the merge the partials only after the split kernel is; eagerly and
+    in a CUDA graph. Bit for bit the attention on the query written long before."""
+    from flashrt.bench import decode_attention
+
+    batch, kv_heads, groups, length, dim = 1, 8, 4, 259, 128
+    source = torch.randn(batch, kv_heads, groups, dim, device="cuda").to(torch.bfloat16)
+    query = torch.empty_like(source)
+    key, value = torch.randn(2, batch, kv_heads, length, dim, device="cuda").to(torch.bfloat16)
+    visible = torch.ones(batch, length, dtype=torch.bool, device="cuda")
+    expected = decode_attention.decode_attention(source, key, value, visible, dim**-0.5)
+    monkeypatch.setattr(decode_attention, "PDL_LAUNCH", True)
+    out = torch.empty_like(expected)
+
+    def step():
+        query.fill_(float("nan"))
+        late_writer[(1,)](source, query, 50_000, BLOCK=source.numel())
+        out.copy_(decode_attention.decode_attention(query, key, value, visible, dim**-0.5))
+
+    step()
+    assert torch.equal(out, expected)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    out.fill_(float("nan"))
+    graph.replay()
+    assert torch.equal(out, expected)
+
+
 def test_split_decode_attention_names_a_bad_mask():
     from flashrt.bench import decode_attention
 

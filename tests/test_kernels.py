@@ -642,26 +642,6 @@ def test_wgmma_form_chains_its_permute_projection_and_reduce_with_pdl(monkeypatc
     assert linear_wgmma_gluon.PDL_CHAIN, "the chain is what the H200 serves (see PDL_CHAIN)"
 
 
-@pytest.fixture(scope="module")
-def late_writer():
-    """A kernel that lets its PDL dependents start at once (``gdc_launch_dependents``), then
-    spins ``ns`` nanoseconds and only then writes ``dst`` (one program, ``BLOCK`` elements)."""
-    import triton
-    import triton.language as tl
-    from triton.language.extra.cuda import gdc_launch_dependents, globaltimer
-
-    @triton.jit
-    def kernel(src_ptr, dst_ptr, ns, BLOCK: tl.constexpr):
-        gdc_launch_dependents()
-        start = globaltimer()
-        while globaltimer() - start < ns:
-            pass
-        offs = tl.arange(0, BLOCK)
-        tl.store(dst_ptr + offs, tl.load(src_ptr + offs))
-
-    return kernel
-
-
 @pytest.mark.skipif(not ON_GPU, reason="PDL and Gluon need a compiled GPU")
 @pytest.mark.parametrize("fold", [False, True])
 @pytest.mark.parametrize(
