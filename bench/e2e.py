@@ -728,6 +728,7 @@ def _on_gpus(names: list[str], args, out: Path, result: dict) -> None:
     rest += ["--no-compile"] if args.no_compile else []
     rest += ["--cache-preference", args.cache_preference, "--split-sum", args.split_sum]
     rest += ["--inductor-pdl", args.inductor_pdl] if args.inductor_pdl else []
+    rest += ["--attention-pdl", args.attention_pdl]
     queues = [names[i::gpus] for i in range(gpus)]
     procs = []
     for gpu, queue in enumerate(queues):
@@ -774,6 +775,13 @@ def main(argv: list[str] | None = None) -> int:
         help="torch.compile's kernels launched with PDL (inductor's triton.enable_pdl, TORCHINDUCTOR_ENABLE_PDL=1) "
         "in both arms, which the ring forms follow (decode.launch_pdl); default: on where the installed torch has it",
     )
+    parser.add_argument(
+        "--attention-pdl",
+        choices=("follow", "off"),
+        default="follow",
+        help="the decode attention's kernels launched with PDL as torch.compile's are (decode_attention.PDL_LAUNCH), "
+        "or never, in both arms",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -792,6 +800,7 @@ def main(argv: list[str] | None = None) -> int:
     inductor_pdl = has_pdl and args.inductor_pdl != "off"
     if has_pdl:
         inductor.triton.enable_pdl = inductor_pdl
+    decode_attention.PDL_LAUNCH = None if args.attention_pdl == "follow" else False
     import transformers
 
     result = provenance() | {
@@ -802,6 +811,7 @@ def main(argv: list[str] | None = None) -> int:
         "cache_preference": args.cache_preference,
         "split_sum": args.split_sum,
         "inductor_pdl": inductor_pdl,
+        "attention_pdl": inductor_pdl and args.attention_pdl == "follow",
         "models": [],
         "rows": [],
     }
