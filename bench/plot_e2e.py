@@ -14,6 +14,12 @@ from pathlib import Path
 from flashrt.bench import merge
 
 DEFAULT_RESULTS = [  # every arm with vLLM's merged projections, torch.compile's PDL from 0d80628 on
+    # 6f156f2: the decode attention launched with PDL in the seated arm (e2e.ATTENTION_PDL)
+    merge.RESULTS / "h200-e2e-llama-6f156f2-b1b8.json",
+    merge.RESULTS / "h200-e2e-llama-6f156f2-b4.json",
+    merge.RESULTS / "h200-e2e-qwen3-6f156f2-b1.json",
+    merge.RESULTS / "h200-e2e-qwen3-6f156f2-b4b8.json",
+    merge.RESULTS / "h200-e2e-qwen3-6f156f2-b16.json",
     # Llama-3-8B shape: the prefill from 65 tokens on the warp-specialized form (re-tuned at 128 and 1024)
     merge.RESULTS / "h200-e2e-llama-059fae2-b1b8.json",  # 059fae2: 1 and 8 (8 profiled)
     merge.RESULTS / "h200-e2e-llama-059fae2-b4.json",  # 059fae2: 4 (profiled)
@@ -33,8 +39,9 @@ DEFAULT_MERGED = merge.RESULTS / "h200-e2e.json"
 # What every merged run must share; a row's own commit, date and file go into the row.
 SHARED = ("device", "capability", "cuda", "torch", "triton", "transformers", "prompt_tokens", "generated_tokens")
 # What may differ between merged runs and goes into each row: what ran Qwen3.5's linear attention
-# in both arms (``e2e.linear_attention_kernels``), missing before 2026-12-04's runs.
-TAGS = ("linear_attention_kernels",)
+# in both arms (``e2e.linear_attention_kernels``), missing before 2026-12-04's runs, and the arms
+# whose decode attention was launched with PDL (``e2e.ATTENTION_PDL``), missing before 6f156f2's.
+TAGS = ("linear_attention_kernels", "attention_pdl")
 
 
 def key(row: dict) -> tuple[str, int]:
