@@ -42,6 +42,24 @@ def late_writer():
     return kernel
 
 
+@pytest.fixture(scope="session")
+def same_bits_eager_and_replayed():
+    """``check(step, out, expected)``: ``step`` run eagerly, then captured in a CUDA graph and
+    replayed on a poisoned ``out``; each time ``out`` is ``expected`` bit for bit."""
+
+    def check(step, out: torch.Tensor, expected: torch.Tensor) -> None:
+        step()
+        assert torch.equal(out, expected), "eager"
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        out.fill_(float("nan"))
+        graph.replay()
+        assert torch.equal(out, expected), "replayed"
+
+    return check
+
+
 @pytest.fixture(autouse=True)
 def _fresh_seed(request):
     """Fresh random inputs in every test and every run; a failure prints the seed to replay it."""

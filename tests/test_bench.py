@@ -133,7 +133,9 @@ def test_split_decode_attention_is_attention_over_the_visible_cache(
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="PDL needs a GPU")
-def test_split_decode_attention_launched_with_pdl_reads_what_the_kernel_before_wrote(late_writer, monkeypatch):
+def test_split_decode_attention_launched_with_pdl_reads_what_the_kernel_before_wrote(
+    late_writer, same_bits_eager_and_replayed, monkeypatch
+):
     """``PDL_LAUNCH``: the split kernel and its merge start while the kernel before them runs (that
     kernel lets them, then spends 50 us before writing the query), and read the query only after
     it is done (``gdc_wait``), the merge the partials only after the split kernel is; eagerly and
@@ -154,14 +156,7 @@ def test_split_decode_attention_launched_with_pdl_reads_what_the_kernel_before_w
         late_writer[(1,)](source, query, 50_000, BLOCK=source.numel())
         out.copy_(decode_attention.decode_attention(query, key, value, visible, dim**-0.5))
 
-    step()
-    assert torch.equal(out, expected)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    out.fill_(float("nan"))
-    graph.replay()
-    assert torch.equal(out, expected)
+    same_bits_eager_and_replayed(step, out, expected)
 
 
 def test_split_decode_attention_names_a_bad_mask():

@@ -653,7 +653,7 @@ def test_wgmma_form_chains_its_permute_projection_and_reduce_with_pdl(monkeypatc
     ],
 )
 def test_decode_form_launched_with_pdl_reads_what_the_kernel_before_wrote(
-    config, fold, late_writer, monkeypatch, device
+    config, fold, late_writer, same_bits_eager_and_replayed, monkeypatch, device
 ):
     """``PDL_LAUNCH``: the ring form starts while the kernel before it runs (that kernel lets it,
     then spends 50 us before writing the activations): its weights may load meanwhile, its
@@ -675,14 +675,7 @@ def test_decode_form_launched_with_pdl_reads_what_the_kernel_before_wrote(
         late_writer[(1,)](source, x, 50_000, BLOCK=k)
         linear_mma_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, config, False)
 
-    step()
-    assert torch.equal(out, expected)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    out.fill_(float("nan"))
-    graph.replay()
-    assert torch.equal(out, expected)
+    same_bits_eager_and_replayed(step, out, expected)
 
 
 @pytest.mark.skipif(
