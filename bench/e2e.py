@@ -60,6 +60,12 @@ BATCHES = (1, 4, 8, 16, 32)
 ATTENTION_PDL = {"seated": ("seated",), "both": ("bf16", "seated"), "off": ()}
 
 
+def _attention_pdl_for(arm: str, setting: str) -> None:
+    """The decode attention of ``arm`` (``bf16``, ``seated``) as ``setting`` launches it: with PDL
+    as torch.compile's kernels (``None``), or never."""
+    decode_attention.PDL_LAUNCH = None if arm in ATTENTION_PDL[setting] else False
+
+
 def _llama3_8b(layers: int):
     from transformers import LlamaConfig
 
@@ -588,7 +594,7 @@ def run_model(
     torch.manual_seed(1)
     prompts = torch.randint(0, config.vocab_size, (max([*batches, *band_batches]), PROMPT), device="cuda")
     bf16 = {}
-    decode_attention.PDL_LAUNCH = None if "bf16" in ATTENTION_PDL[attention_pdl] else False
+    _attention_pdl_for("bf16", attention_pdl)
     for b in batches:
         bf16[b] = measure(model, compile_model, prompts[:b], profile_kinds=b in profiled)
         figures = bf16[b]
@@ -624,7 +630,7 @@ def run_model(
     }
     ours_logits = {}
     record(result, rows)
-    decode_attention.PDL_LAUNCH = None if "seated" in ATTENTION_PDL[attention_pdl] else False
+    _attention_pdl_for("seated", attention_pdl)
     for b in batches:
         ours = measure(model, compile_model, prompts[:b], profile_kinds=b in profiled)
         ours_logits[b] = ours["logits"]

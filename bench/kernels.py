@@ -41,6 +41,8 @@ LINEAR_SHAPES = [
     ("expert_gate_up_35b", 1024, 2048),
     ("expert_down_35b", 2048, 512),
 ]
+# The probes' layers: the table's, with Llama-3-8B's o projection after its four.
+PROBE_SHAPES = [*LINEAR_SHAPES[:4], ("o", 4096, 4096), *LINEAR_SHAPES[4:]]
 TOKENS = [1, 2, 4, 8, 16, 32, 64, 128, 512, 2048]
 # (name, E, top_k, hidden, inter)
 MOE_SHAPES = [("qwen3-30b-a3b", 128, 8, 2048, 768), ("qwen3.5-35b-a3b", 256, 8, 2048, 512)]

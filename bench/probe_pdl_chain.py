@@ -20,12 +20,12 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from flashrt.bench.kernels import LINEAR_SHAPES, provenance
+from flashrt.bench.kernels import PROBE_SHAPES, provenance
 from flashrt.bench.timing import copies_for, copy_bandwidth_tbps, graph_us
 from flashrt.kernels import linear_mma_gluon, nvfp4, ops
 from flashrt.kernels.nvfp4 import NVFP4Weight
 
-LAYERS = [*LINEAR_SHAPES[:4], ("o", 4096, 4096)]
+LAYERS = PROBE_SHAPES[:5]  # Llama-3-8B's and the LM head; the expert-sized layers take no PDL
 TOKENS = [1, 16]
 
 

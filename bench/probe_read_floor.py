@@ -27,12 +27,10 @@ import sys
 import torch
 import triton
 import triton.language as tl
-from flashrt.bench.kernels import LINEAR_SHAPES, provenance
+from flashrt.bench.kernels import PROBE_SHAPES, provenance
 from flashrt.bench.timing import copy_bandwidth_tbps
 from flashrt.kernels import ops
 
-# The kernel table's layers and Llama's o; NVFP4 words are N K / 2 bytes, scales N K / 16.
-LAYERS = [*LINEAR_SHAPES[:4], ("o", 4096, 4096), *LINEAR_SHAPES[4:]]
 READ_BLOCK = 4096  # int32 words a program reads a step: 16 KB, four 16-byte loads a thread at 256 threads
 
 
@@ -67,7 +65,7 @@ def main(path: str) -> None:
     sums = torch.empty(sms, dtype=torch.int32, device="cuda")
     result["empty_us"] = ops._time_us(functools.partial(empty_kernel[(1,)], sums))
     print(f"empty kernel {result['empty_us']:.2f} us", flush=True)
-    for layer, n, k in LAYERS:
+    for layer, n, k in PROBE_SHAPES:
         nbytes = n * k // 2 + n * k // 16
         words = torch.randint(-(2**30), 2**30, (nbytes // 4,), dtype=torch.int32, device="cuda")
         read(words, sums)

@@ -23,13 +23,12 @@ import sys
 import time
 
 import torch
-from flashrt.bench.kernels import LINEAR_SHAPES, provenance
+from flashrt.bench.kernels import PROBE_SHAPES, provenance
 from flashrt.bench.probe_ring_depth import fastest, name, timed
 from flashrt.bench.probe_warps import tuned
 from flashrt.kernels import linear_wgmma_ws_gluon, nvfp4, ops, ring_layout
 
 DEADLINE_S = 230
-SHAPES = [*LINEAR_SHAPES[:4], ("o", 4096, 4096), *LINEAR_SHAPES[4:]]
 TOKENS = (64, 32)
 
 
@@ -38,7 +37,7 @@ def main(path: str) -> None:
     result = {**provenance(), "rows": []}
     torch.manual_seed(0)
     for m in TOKENS:
-        for shape, n, k in SHAPES:
+        for shape, n, k in PROBE_SHAPES:
             if time.monotonic() - start > DEADLINE_S:
                 print("deadline: stopping", flush=True)
                 return

@@ -785,9 +785,9 @@ def launch_ring(
     """Launch a ring-form kernel (this one, ``linear_wgmma_gluon``'s) on ``activations(x)``:
     the tile grid (``CHUNKS`` rows and columns a weight row and a token where rows are cut in
     chunks), weights as int32 words, and the split-K sum (a reduce launch, or folded into the
-    kernel: ``FOLD_SPLITS``). bf16 activations only (``require_bf16``). ``pdl``: the kernel and its reduce launched with PDL, each
-    to start while the kernel before it ends (the kernel's own ``PDL`` constexpr, in ``extra``,
-    makes it wait before its first activation copy)."""
+    kernel: ``FOLD_SPLITS``). bf16 activations only (``require_bf16``). ``pdl``: the kernel and
+    its reduce launched with PDL, each to start while the kernel before it ends (the kernel's own
+    ``PDL`` constexpr, in ``extra``, makes it wait before its first activation copy)."""
     require_bf16("x", x)
     for name, t in (("packed", packed), ("scales", scales)):
         if not _copyable(t):
