@@ -99,7 +99,7 @@ def bank_rows(chains: int) -> list[dict]:
         routings = [_routing(t, e, top_k, seed) for seed in range(8)]
         ids, weights = routings[0]
         err = _rel_err(ops.moe(x, gu, dn, ids, weights), ops.moe_reference(x, gu, dn, ids, weights))
-        us = graph_us([lambda r=r: ops.moe(x, gu, dn, r[0], r[1]) for r in routings]) if err < 1e-2 else None
+        us = graph_us([lambda r=r, x=x: ops.moe(x, gu, dn, r[0], r[1]) for r in routings]) if err < 1e-2 else None
         rows.append({"bank": name, "M": t, "rel_err": err, "us": us})
         print(f"chains={chains} bank {name} T={t:2d} {us or float('nan'):8.2f} us  err {err:.1e}", flush=True)
     return rows
@@ -133,9 +133,9 @@ def main(path: str) -> None:
         for r in result["arms"].get(str(chains), {}).get("rows", []):
             b = base.get((r.get("shape", r.get("bank")), r["M"]))
             if b and b["us"] and r["us"]:
-                print(
-                    f"{r.get('shape', r.get('bank')):20s} M={r['M']:2d}: 1 chain {b['us']:7.2f}  {chains} {r['us']:7.2f} us  x{b['us'] / r['us']:.3f}"
-                )
+                layer = r.get("shape", r.get("bank"))
+                ratio = b["us"] / r["us"]
+                print(f"{layer:20s} M={r['M']:2d}: 1 chain {b['us']:7.2f}  {chains} {r['us']:7.2f} us  x{ratio:.3f}")
     with open(path, "w") as f:
         json.dump(result, f, indent=1)
 
