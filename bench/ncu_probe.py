@@ -1,7 +1,7 @@
 """One kernel config launched five times, for Nsight Compute: ``python3 bench/ncu_probe.py CASE``
-with flashrt importable (``bench/gpu_run.sh`` makes it so), CASE one of gate_up8, qkv1, down1,
-moe1, moe8, ring8, gate_up512, gate_up512_ws. Random weights, fixed seed; what each CASE runs is
-spelled out below.
+with flashrt importable (``bench/gpu_run.sh`` makes it so), CASE one of qkv1, o1, gate_up1, down1,
+gate_up8 (Llama-3-8B's layers as served), moe1, moe8, ring8, gate_up512, gate_up512_ws. Random
+weights, fixed seed; what each CASE runs is spelled out below.
 
 gate_up512 is Llama's gate_up at 512 tokens as served (the committed choice: the ``wgmma`` form,
 ring layout, until 59aeccb; the warp-specialized form's 256-token tile since,
@@ -21,7 +21,6 @@ import sys
 import torch
 from flashrt.bench.probe_warps import committed
 from flashrt.kernels import (
-    linear_mma_gluon,
     linear_wgmma_ws_gluon,
     moe_gemv_gluon,
     moe_ring_gluon,
@@ -30,6 +29,14 @@ from flashrt.kernels import (
     ring_layout,
 )
 
+# Llama-3-8B's projections as a seat serves them on Hopper: ring_layout, the committed choice.
+ONE_LAYER = {
+    "qkv1": (6144, 4096, 1),
+    "o1": (4096, 4096, 1),
+    "gate_up1": (28672, 4096, 1),
+    "down1": (4096, 14336, 1),
+    "gate_up8": (28672, 4096, 8),
+}
 case = sys.argv[1]
 dev = "cuda"
 torch.manual_seed(0)
@@ -51,17 +58,20 @@ if case in ("gate_up512", "gate_up512_ws"):
         launch(x, ring, w.scales, w.global_scale, None, out, config | {"LAYOUT": ring_layout.RING}, True)
     for _ in range(5):
         torch.nn.functional.linear(x, dense)
-elif case in ("gate_up8", "qkv1", "down1"):
-    n, k, m, cfg = {
-        "gate_up8": (28672, 4096, 8, {"BLOCK_M": 8, "ROW_TILES": 1, "WARPS": 2, "STAGES": 4}),
-        "qkv1": (6144, 4096, 1, {"BLOCK_M": 8, "ROW_TILES": 1, "WARPS": 2, "STAGES": 3}),
-        "down1": (4096, 14336, 1, {"BLOCK_M": 8, "ROW_TILES": 1, "WARPS": 2, "STAGES": 3, "SPLIT_K": 4}),
-    }[case]
+elif case in ONE_LAYER:
+    n, k, m = ONE_LAYER[case]
+    key = f"linear:torch.bfloat16:M{m}:N{n}:K{k}:ring"
+    choice = committed(key)  # never an adjudication under the profiler (fd9e9fb)
+    if choice is None:
+        sys.exit(f"no committed choice for {key} in bench/tuning: run the kernel benchmark first")
     w = nvfp4.quantize(torch.randn(n, k, device=dev, dtype=torch.bfloat16))
+    ring = ring_layout.pack(w.packed)
     x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
     out = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
     for _ in range(5):
-        linear_mma_gluon.launch(x, w.packed, w.scales, w.global_scale, None, out, cfg, True)
+        ops.LINEAR_FORMS[choice[0]].launch(
+            x, ring, w.scales, w.global_scale, None, out, choice[1] | {"LAYOUT": ring_layout.RING}, True
+        )
 else:
     t = {"moe1": 1, "moe8": 8, "ring8": 8}[case]
     e, n, k, top = 128, 768, 2048, 8

@@ -98,10 +98,6 @@ def _decode_ptx() -> str:
     return "\n".join([*lines, "}"])
 
 
-# Independent MMA chains a step: each ``mma.sync`` of a chain waits for the one before it to
-# finish (its accumulator), and a warp issues in order.
-MMA_CHAINS = 1
-_MMA_CHAINS = gl.constexpr(MMA_CHAINS)
 _DECODE = gl.constexpr(_decode_ptx())
 _DECODE_RING = gl.constexpr(ring_layout.decode_ptx())
 
@@ -528,36 +524,7 @@ def _times_activations(acc, a, x, BLOCK_M: gl.constexpr, WARPS: gl.constexpr, LA
     else:  # [token, t, v, e, q1, q0] -> [v, q1, q0, t, e, token]: the order the pairs above took
         x = gl.permute(gl.reshape(x, (MMA_M, 4, V, 2, 2, 2)), (2, 4, 5, 1, 3, 0))
     b = gl.convert_layout(gl.reshape(x, (BLOCK_K, MMA_M)), B_OP, assert_trivial=True)
-    if _MMA_CHAINS == 1:
-        return mma_v2(a, b, acc)
-    # K in two halves: the second half's MMAs start from zero, not from the first half's sum
-    a_lo, a_hi = _k_halves(a, 1)
-    b_lo, b_hi = _k_halves(b, 0)
-    if _MMA_CHAINS == 2:
-        return mma_v2(a_lo, b_lo, acc) + mma_v2(a_hi, b_hi, gl.zeros_like(acc))
-    a_0, a_1 = _k_halves(a_lo, 1)
-    a_2, a_3 = _k_halves(a_hi, 1)
-    b_0, b_1 = _k_halves(b_lo, 0)
-    b_2, b_3 = _k_halves(b_hi, 0)
-    zero = gl.zeros_like(acc)
-    head = mma_v2(a_0, b_0, acc) + mma_v2(a_1, b_1, zero)
-    return head + (mma_v2(a_2, b_2, zero) + mma_v2(a_3, b_3, zero))
-
-
-@gluon.jit
-def _k_halves(operand, K_DIM: gl.constexpr):
-    """An MMA operand cut along K (``K_DIM``) into its low and high halves, as it lies: K's top
-    bit is a register bit of either operand's layout, so no data moves."""
-    LAYOUT: gl.constexpr = operand.type.layout
-    if K_DIM == 1:
-        ROWS: gl.constexpr = operand.shape[0]
-        HALF: gl.constexpr = operand.shape[1] // 2
-        lo, hi = gl.split(gl.permute(gl.reshape(operand, (ROWS, 2, HALF)), (0, 2, 1)))
-    else:
-        HALF: gl.constexpr = operand.shape[0] // 2
-        COLS: gl.constexpr = operand.shape[1]
-        lo, hi = gl.split(gl.permute(gl.reshape(operand, (2, HALF, COLS)), (1, 2, 0)))
-    return gl.convert_layout(lo, LAYOUT, assert_trivial=True), gl.convert_layout(hi, LAYOUT, assert_trivial=True)
+    return mma_v2(a, b, acc)
 
 
 @gluon.constexpr_function
