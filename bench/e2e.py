@@ -19,7 +19,8 @@ same batch, which is where the default band comes from.
 Both arms run vLLM's merged projections (``merge_projections``: q, k and v one GEMM, gate and
 up one), not transformers' separate ones, a decode attention that reads each key-value head
 once, split along the cache (``gqa_decode_attention``, ``decode_attention``), and the router's
-softmax and top-k in one launch (``router_topk``), as a serving engine's do. Where torch has
+logits GEMM (vLLM's ``GateLinear`` tier up to 16 tokens) and softmax and top-k in one launch each
+(``router_topk``), as a serving engine's do. Where torch has
 it, both compile their kernels with PDL (inductor's ``triton.enable_pdl``; ``--inductor-pdl
 off`` leaves it off), which the ring forms follow (``decode.launch_pdl``): Llama-3-8B's seated
 step 2.25 to 2.07 ms at batch 1, its bf16 step 4.54 to 4.44 (H200, 0d80628). The decode
@@ -827,6 +828,7 @@ def main(argv: list[str] | None = None) -> int:
         "split_sum": args.split_sum,
         "inductor_pdl": inductor_pdl,
         "attention_pdl": args.attention_pdl if inductor_pdl else "off",
+        "router_logits_max_tokens": router_topk.LOGITS_MAX_TOKENS,
         "models": [],
         "rows": [],
     }

@@ -41,7 +41,7 @@ SHARED = ("device", "capability", "cuda", "torch", "triton", "transformers", "pr
 # What may differ between merged runs and goes into each row: what ran Qwen3.5's linear attention
 # in both arms (``e2e.linear_attention_kernels``), missing before 2026-12-04's runs, and the arms
 # whose decode attention was launched with PDL (``e2e.ATTENTION_PDL``), missing before 6f156f2's.
-TAGS = ("linear_attention_kernels", "attention_pdl")
+TAGS = ("linear_attention_kernels", "attention_pdl", "router_logits_max_tokens")
 
 
 def key(row: dict) -> tuple[str, int]:

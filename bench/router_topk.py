@@ -1,12 +1,22 @@
-"""The MoE router's softmax and top-k in one launch, for both arms of ``bench.e2e``.
+"""The MoE router as a serving engine runs it, for both arms of ``bench.e2e``: its logits GEMM
+and its softmax and top-k, one launch each.
 
-transformers routes with ``softmax``, ``torch.topk`` and a renormalizing divide, and under
-``torch.compile`` the top-k stays two aten kernels (``gatherTopK`` and ``bitonicSortKVInPlace``).
-On the H200 those took 0.44 ms of a 3.3 ms Qwen3-30B-A3B decode step at batch 1 (9a6de5f,
-``bench/results/h200-e2e-qwen3-ringdown-b1.json``) and 0.57 ms of 8.4 at batch 16 (eabb2d0,
-``h200-e2e-qwen3-gqa-b8b16.json``), in both arms. A serving engine routes with one fused kernel
-(vLLM's ``topk_softmax``); this is that kernel for the benchmark, where vLLM is not installed:
-one program a token, its expert logits in registers, ``TOP_K`` rounds of max and argmax.
+transformers routes with ``F.linear``, ``softmax``, ``torch.topk`` and a renormalizing divide.
+Under ``torch.compile`` the top-k stays two aten kernels (``gatherTopK`` and
+``bitonicSortKVInPlace``): on the H200 they took 0.44 ms of a 3.3 ms Qwen3-30B-A3B decode step at
+batch 1 (9a6de5f, ``bench/results/h200-e2e-qwen3-ringdown-b1.json``) and 0.57 ms of 8.4 at batch
+16 (eabb2d0, ``h200-e2e-qwen3-gqa-b8b16.json``), in both arms. vLLM routes with one fused kernel
+(``topk_softmax``); ``router_topk`` is that kernel for the benchmark, where vLLM is not
+installed: one program a token, its expert logits in registers, ``TOP_K`` rounds of max and
+argmax.
+
+The logits GEMM is tiny (Qwen3-30B-A3B: 128 experts x 2048, 512 KB) and cuBLAS runs it on two
+64-row tiles: 5.0 us a layer at batch 1 on the H200 (``nvjet_sm90_tst_64x8_64x16_2x1``, 0d80628,
+``h200-e2e-qwen3-0d80628-pdl-b1.json``), 241 us of each arm's 2.3-4.0 ms step. vLLM's
+``GateLinear`` (0.32) runs its own low-latency bf16 GEMM there on sm_90 and newer up to 16
+tokens (``LL_BF16_MAX_TOKENS``) and cuBLAS past them; ``router_logits`` stands in for it the
+same way: ``EXPERTS_A_PROGRAM`` experts' whole rows a program, held in registers while the
+program takes each token in turn, so a 128-expert router is 64 programs each reading 8 KB.
 """
 
 from __future__ import annotations
@@ -14,6 +24,67 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+# As vLLM's GateLinear: its own GEMM up to 16 tokens, cuBLAS past them.
+LOGITS_MAX_TOKENS = 16
+EXPERTS_A_PROGRAM = 2
+
+
+@triton.jit
+def router_logits_kernel(
+    x_ptr,
+    weight_ptr,
+    out_ptr,
+    M,
+    E,
+    K,
+    stride_xm,
+    stride_we,
+    stride_om,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """``out[m, e] = x[m] . weight[e]`` for the program's ``BLOCK_E`` experts and every token,
+    summed in fp32: the experts' rows are loaded once, whole (``BLOCK_K >= K``)."""
+    experts = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
+    k = tl.arange(0, BLOCK_K)
+    mask = (experts[:, None] < E) & (k[None, :] < K)
+    rows = tl.load(weight_ptr + experts[:, None] * stride_we + k[None, :], mask=mask, other=0.0).to(tl.float32)
+    for m in range(M):
+        x = tl.load(x_ptr + m * stride_xm + k, mask=k < K, other=0.0).to(tl.float32)
+        logits = tl.sum(rows * x[None, :], axis=1)
+        tl.store(out_ptr + m * stride_om + experts, logits.to(out_ptr.dtype.element_ty), mask=experts < E)
+
+
+@torch.library.custom_op("flashrt_bench::router_logits", mutates_args=())
+def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``F.linear(x, weight)`` for a router: ``x [T, K]``, ``weight [E, K]``, both contiguous
+    rows, ``[T, E]`` in x's dtype."""
+    tokens, k = x.shape
+    experts = weight.shape[0]
+    out = torch.empty(tokens, experts, dtype=x.dtype, device=x.device)
+    if tokens:
+        block_k = triton.next_power_of_2(k)
+        router_logits_kernel[(triton.cdiv(experts, EXPERTS_A_PROGRAM),)](
+            x,
+            weight,
+            out,
+            tokens,
+            experts,
+            k,
+            x.stride(0),
+            weight.stride(0),
+            out.stride(0),
+            BLOCK_E=EXPERTS_A_PROGRAM,
+            BLOCK_K=block_k,
+            num_warps=min(16, max(4, block_k // 512)),  # 16 fp32 weights a thread
+        )
+    return out
+
+
+@router_logits.register_fake
+def _(x, weight):
+    return x.new_empty(x.shape[0], weight.shape[0])
 
 
 @triton.jit
@@ -101,7 +172,7 @@ ROUTERS = {
 
 class FusedTopKRouter(torch.nn.Module):
     """A transformers top-k router (same weight, same outputs) that routes through
-    ``router_topk``."""
+    ``router_logits`` (up to ``LOGITS_MAX_TOKENS``) and ``router_topk``."""
 
     def __init__(self, router: torch.nn.Module):
         super().__init__()
@@ -109,7 +180,11 @@ class FusedTopKRouter(torch.nn.Module):
         self.renormalize = bool(ROUTERS[type(router).__name__](router))
 
     def forward(self, hidden_states: torch.Tensor):
-        logits = torch.nn.functional.linear(hidden_states.reshape(-1, self.weight.shape[1]), self.weight)
+        x = hidden_states.reshape(-1, self.weight.shape[1])
+        if x.shape[0] <= LOGITS_MAX_TOKENS:
+            logits = router_logits(x.contiguous(), self.weight.contiguous())
+        else:
+            logits = torch.nn.functional.linear(x, self.weight)
         weights, ids = router_topk(logits, self.top_k, self.renormalize)
         return logits, weights, ids
 

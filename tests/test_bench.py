@@ -190,6 +190,38 @@ def test_fused_router_picks_transformers_experts_and_weights(tokens, experts, to
             assert not lower_tie, "ties go to the lower expert"
 
 
+@pytest.mark.parametrize(("tokens", "experts", "k"), [(1, 128, 2048), (5, 60, 768), (16, 256, 2048)])
+def test_router_logits_are_the_routers_linear(tokens, experts, k, device):
+    """The router's own GEMM against float64 (rounded once, to bf16) and against ``F.linear``
+    (within a bf16 rounding of it: the fp32 sums run in another order); 60 experts leave the
+    last program half empty, K 768 is not a power of 2. Outputs poisoned first."""
+    from flashrt.bench import router_topk
+
+    x = torch.randn(tokens, k, dtype=torch.bfloat16, device=device)
+    weight = torch.randn(experts, k, dtype=torch.bfloat16, device=device) * 0.02
+    logits = router_topk.router_logits(x, weight)
+    assert logits.shape == (tokens, experts) and logits.dtype == torch.bfloat16
+    exact = (x.double() @ weight.double().T).to(torch.bfloat16)
+    torch.testing.assert_close(logits, exact, rtol=2**-7, atol=1e-3)
+    torch.testing.assert_close(logits, torch.nn.functional.linear(x, weight), rtol=2**-7, atol=1e-3)
+
+
+def test_fused_router_takes_its_own_gemm_up_to_16_tokens(monkeypatch, device):
+    """``FusedTopKRouter`` computes its logits with ``router_logits`` at up to
+    ``LOGITS_MAX_TOKENS`` tokens, as vLLM's ``GateLinear`` does, and with ``F.linear`` past them."""
+    from flashrt.bench import router_topk
+
+    model = _tiny("moe").to(device)
+    router_topk.install(model)
+    router = next(m for m in model.modules() if isinstance(m, router_topk.FusedTopKRouter))
+    calls = []
+    monkeypatch.setattr(router_topk, "router_logits", lambda x, w: calls.append(len(x)) or x @ w.T)
+    with torch.no_grad():
+        for tokens in (1, 16, 17):
+            router(torch.randn(tokens, router.weight.shape[1], dtype=router.weight.dtype, device=device))
+    assert calls == [1, 16]
+
+
 def test_fused_routers_replace_transformers_routers_and_keep_the_models_logits(device):
     """``install`` swaps each Qwen3-MoE router for the fused one on the same weight: the model's
     logits do not change, traced whole by ``torch.compile`` too (the op's fake), and the dense
