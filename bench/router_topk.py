@@ -15,8 +15,9 @@ The logits GEMM is tiny (Qwen3-30B-A3B: 128 experts x 2048, 512 KB) and cuBLAS r
 ``h200-e2e-qwen3-0d80628-pdl-b1.json``), 241 us of each arm's 2.3-4.0 ms step. vLLM's
 ``GateLinear`` (0.32) runs its own low-latency bf16 GEMM there on sm_90 and newer up to 16
 tokens (``LL_BF16_MAX_TOKENS``) and cuBLAS past them; ``router_logits`` stands in for it the
-same way: ``EXPERTS_A_PROGRAM`` experts' whole rows a program, held in registers while the
-program takes each token in turn, so a 128-expert router is 64 programs each reading 8 KB.
+same way: a program a token and ``EXPERTS_A_PROGRAM`` experts, their whole rows loaded at once,
+so a 128-expert router at one token is 64 programs each reading 8 KB (the tokens' programs read
+the same rows, from L2 but for the first).
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ def router_logits_kernel(
     x_ptr,
     weight_ptr,
     out_ptr,
-    M,
     E,
     K,
     stride_xm,
@@ -44,16 +44,16 @@ def router_logits_kernel(
     BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """``out[m, e] = x[m] . weight[e]`` for the program's ``BLOCK_E`` experts and every token,
-    summed in fp32: the experts' rows are loaded once, whole (``BLOCK_K >= K``)."""
+    """``out[m, e] = x[m] . weight[e]`` for token ``m`` (program axis 1) and the program's
+    ``BLOCK_E`` experts, whole rows (``BLOCK_K >= K``), summed in fp32."""
     experts = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
+    m = tl.program_id(1)
     k = tl.arange(0, BLOCK_K)
     mask = (experts[:, None] < E) & (k[None, :] < K)
-    rows = tl.load(weight_ptr + experts[:, None] * stride_we + k[None, :], mask=mask, other=0.0).to(tl.float32)
-    for m in range(M):
-        x = tl.load(x_ptr + m * stride_xm + k, mask=k < K, other=0.0).to(tl.float32)
-        logits = tl.sum(rows * x[None, :], axis=1)
-        tl.store(out_ptr + m * stride_om + experts, logits.to(out_ptr.dtype.element_ty), mask=experts < E)
+    rows = tl.load(weight_ptr + experts[:, None] * stride_we + k[None, :], mask=mask, other=0.0)
+    x = tl.load(x_ptr + m * stride_xm + k, mask=k < K, other=0.0)
+    logits = tl.sum(rows.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
+    tl.store(out_ptr + m * stride_om + experts, logits.to(out_ptr.dtype.element_ty), mask=experts < E)
 
 
 @torch.library.custom_op("flashrt_bench::router_logits", mutates_args=())
@@ -65,11 +65,10 @@ def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     out = torch.empty(tokens, experts, dtype=x.dtype, device=x.device)
     if tokens:
         block_k = triton.next_power_of_2(k)
-        router_logits_kernel[(triton.cdiv(experts, EXPERTS_A_PROGRAM),)](
+        router_logits_kernel[(triton.cdiv(experts, EXPERTS_A_PROGRAM), tokens)](
             x,
             weight,
             out,
-            tokens,
             experts,
             k,
             x.stride(0),
