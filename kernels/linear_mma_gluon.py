@@ -46,6 +46,12 @@ against 469 (sm_90, 8 tokens); H200, the same configs (``bench/probe_ring_layout
 ``h200-probe-ring-layout-fd70e4d.json``): 1.03-1.12x faster at 1 and 8 tokens, Llama-3-8B's
 gate_up at one token 24.7 to 22.5 us.
 
+A step's MMAs accumulate one into the next, so each waits for the last; cutting a step in 2 or 4
+chains summed after changed nothing measurable (H200, 068d78e, ``h200-probe-mma-chains-068d78e.json``:
+-4% to +4% on Llama's layers at 1-16 tokens). Nsight Compute has the one-token forms issuing
+0.47-0.60 instructions a cycle a scheduler with 1.8-4.4 warps each, where keeping up with the
+copy bandwidth takes 0.7 (``h200-ncu-one-token-efde653.txt``).
+
 Gluon does not run under ``TRITON_INTERPRET``: CI builds it for every target and checks the bit
 placement in plain torch (``bf16_bits``) and both decoders' PTX by emulating it; the GPU suite
 checks the kernel against the reference.
