@@ -37,6 +37,17 @@ ONE_LAYER = {
     "down1": (4096, 14336, 1),
     "gate_up8": (28672, 4096, 8),
 }
+
+
+def committed_or_exit(key: str) -> tuple[str, dict]:
+    """The committed choice under ``key``, not the adjudicator's: under the profiler a stale cache
+    entry would be timed again and the profile would catch its candidates (fd9e9fb)."""
+    choice = committed(key)
+    if choice is None:
+        sys.exit(f"no committed choice for {key} in bench/tuning: run the kernel benchmark first")
+    return choice
+
+
 case = sys.argv[1]
 dev = "cuda"
 torch.manual_seed(0)
@@ -46,9 +57,7 @@ if case in ("gate_up512", "gate_up512_ws"):
         launch, config = linear_wgmma_ws_gluon.launch, {"BLOCK_M": 128, "WARPS": 8, "STAGES": 5}
     else:
         key = f"linear:torch.bfloat16:M{m}:N{n}:K{k}:ring"
-        choice = committed(key)  # never an adjudication under the profiler (fd9e9fb)
-        if choice is None:
-            sys.exit(f"no committed choice for {key} in bench/tuning: run the kernel benchmark first")
+        choice = committed_or_exit(key)
         launch, config = ops.LINEAR_FORMS[choice[0]].launch, choice[1]
     w = nvfp4.quantize(torch.randn(n, k, device=dev, dtype=torch.bfloat16))
     ring, dense = ring_layout.pack(w.packed), nvfp4.dequantize(w, torch.bfloat16)
@@ -61,9 +70,7 @@ if case in ("gate_up512", "gate_up512_ws"):
 elif case in ONE_LAYER:
     n, k, m = ONE_LAYER[case]
     key = f"linear:torch.bfloat16:M{m}:N{n}:K{k}:ring"
-    choice = committed(key)  # never an adjudication under the profiler (fd9e9fb)
-    if choice is None:
-        sys.exit(f"no committed choice for {key} in bench/tuning: run the kernel benchmark first")
+    choice = committed_or_exit(key)
     w = nvfp4.quantize(torch.randn(n, k, device=dev, dtype=torch.bfloat16))
     ring = ring_layout.pack(w.packed)
     x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
@@ -85,12 +92,8 @@ else:
     wts = torch.softmax(torch.randn(t, top, device=dev), -1).to(torch.bfloat16)
     out = torch.empty(t, k, device=dev, dtype=torch.bfloat16)
     if case == "ring8":
-        # The committed choice, not the adjudicator's: under the profiler a stale cache entry would
-        # be timed again and the profile would catch its candidates (fd9e9fb).
         key = "moe:torch.bfloat16:T8:E128:N768:K2048:top8:ring"
-        choice = committed(key)
-        if choice is None:
-            sys.exit(f"no committed choice for {key} in bench/tuning: run the kernel benchmark first")
+        choice = committed_or_exit(key)
         config = choice[1] | {"LAYOUT": ring_layout.RING}
         for _ in range(5):
             moe_ring_gluon.launch(hidden, gu, dn, ids, wts, out, config, False)

@@ -194,7 +194,7 @@ def test_fused_router_picks_transformers_experts_and_weights(tokens, experts, to
 def test_router_logits_are_the_routers_linear(tokens, experts, k, device):
     """The router's own GEMM against float64 (rounded once, to bf16) and against ``F.linear``
     (within a bf16 rounding of it: the fp32 sums run in another order); 60 experts leave the
-    last program half empty, K 768 is not a power of 2. Outputs poisoned first."""
+    last program half empty, K 768 is not a power of 2."""
     from flashrt.bench import router_topk
 
     x = torch.randn(tokens, k, dtype=torch.bfloat16, device=device)
