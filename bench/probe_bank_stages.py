@@ -1,0 +1,92 @@
+"""Is the chunked expert bank short of programs an SM at 1-8 tokens?
+
+Nsight Compute on Qwen3-30B's bank at 8 tokens as served (``h200-ncu-ring8-db199b9.txt``): the
+gate_up's 2-warp programs take 41 KiB of shared memory each, so 5 share an SM (2.5 warps a
+scheduler, an instruction every 4.0 cycles a warp), the slot down's 4-warp ones 53 KiB, 4 an SM.
+Its ring is ``STAGES`` steps deep, and the chunked forms are offered 4 stages only, where a
+pair's gate_up chunk is 4 steps (K 2048 in 2 chunks) and the down 3 (inter 768): the ring holds
+a program's whole read. Fewer stages mean less of it in flight a program and more programs an
+SM. This times the served config against the same with 2 and 3 stages in the gate_up, in the
+down (``DOWN_STAGES``) and in both, in rounds (each variant once a round), every output checked
+against the reference first.
+
+``python3 bench/probe_bank_stages.py OUT.json [TOKENS ...]`` with flashrt importable
+(``bench/gpu_run.sh``); the JSON is rewritten after each token count.
+"""
+
+import functools
+import json
+import statistics
+import sys
+
+import torch
+from flashrt.bench.kernels import _routing
+from flashrt.bench.probe_bank_halves import served_bank
+from flashrt.bench.probe_ring_depth import HIDDEN, TOP_K, E, timed
+from flashrt.kernels import moe_ring_gluon, ops
+
+STAGES = (2, 3, 4)
+ROUNDS = 3
+
+
+def variants(served: dict) -> dict[str, dict]:
+    """The served config, and each (gate_up stages, down stages) pair it is not."""
+    down = moe_ring_gluon.down_stages(served)
+    out = {"served": served}
+    for gate_up in STAGES:
+        for down_stages in STAGES:
+            if (gate_up, down_stages) != (served["STAGES"], down):
+                out[f"gate_up {gate_up}, down {down_stages}"] = served | {"STAGES": gate_up, "DOWN_STAGES": down_stages}
+    return out
+
+
+def main(path: str, tokens: tuple[int, ...] = (1, 2, 4, 8)) -> None:
+    result, ((gu, dn), banks), layout, _ = served_bank()
+    copy_tbps = result["copy_TBps"]
+    result["rows"] = rows = []
+    bank_bytes = (gu.nbytes + dn.nbytes) / E
+    for t in tokens:
+        x = torch.randn(t, HIDDEN, device="cuda", dtype=torch.bfloat16)
+        ids, weights = _routing(t, E, TOP_K, 0)
+        out = torch.empty_like(x)
+        ref = ops.moe_reference(x, gu, dn, ids, weights)
+        chosen = ops.choose_moe(x, *banks, ids, weights, layout)
+        served = ops.launch_params(chosen, layout)
+        runs = {
+            name: functools.partial(moe_ring_gluon.launch, x, *banks, ids, weights, out, config, False)
+            for name, config in variants(served).items()
+        }
+        timings: dict[str, list] = {name: [] for name in runs}
+        errors = {}
+        for _ in range(ROUNDS):
+            for name, run in runs.items():
+                got = timed(run, out, ref)
+                errors[name] = got.get("error") or got["rel_err"]
+                timings[name].append(got["us"])
+        medians = {name: statistics.median(us) if None not in us else None for name, us in timings.items()}
+        routed = len(ids.reshape(-1).unique())
+        row = {
+            "T": t,
+            "routed_experts": routed,
+            "config": chosen.name,
+            "rel_err": errors,
+            "us": timings,
+            "median_us": medians,
+            "bandwidth_frac": {
+                name: routed * bank_bytes / (us * 1e-6) / (copy_tbps * 1e12)
+                for name, us in medians.items()
+                if us is not None
+            },
+        }
+        rows.append(row)
+        print(
+            f"T={t} ({routed} experts) {chosen.name}: "
+            + ", ".join(f"{name} {us and round(us, 2)}" for name, us in medians.items()),
+            flush=True,
+        )
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], tuple(int(t) for t in sys.argv[2:]) or (1, 2, 4, 8))
