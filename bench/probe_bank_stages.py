@@ -1,4 +1,4 @@
-"""Is the chunked expert bank short of programs an SM at 1-8 tokens?
+"""Are the chunked ring forms short of programs an SM at 1-8 tokens?
 
 Nsight Compute on Qwen3-30B's bank at 8 tokens as served (``h200-ncu-ring8-db199b9.txt``): the
 gate_up's 2-warp programs take 41 KiB of shared memory each, so 5 share an SM (2.5 warps a
@@ -8,7 +8,8 @@ pair's gate_up chunk is 4 steps (K 2048 in 2 chunks) and the down 3 (inter 768):
 a program's whole read. Fewer stages mean less of it in flight a program and more programs an
 SM. This times the served config against the same with 2 and 3 stages in the gate_up, in the
 down (``DOWN_STAGES``) and in both, in rounds (each variant once a round), every output checked
-against the reference first.
+against the reference first. Then the same for the dense layers of Llama-3-8B and Qwen3-30B at 1
+and 2 tokens, where the served config cuts rows in chunks: the served stages against 2 and 3.
 
 ``python3 bench/probe_bank_stages.py OUT.json [TOKENS ...]`` with flashrt importable
 (``bench/gpu_run.sh``); the JSON is rewritten after each token count.
@@ -22,8 +23,8 @@ import sys
 import torch
 from flashrt.bench.kernels import _routing
 from flashrt.bench.probe_bank_halves import served_bank
-from flashrt.bench.probe_ring_depth import HIDDEN, TOP_K, E, timed
-from flashrt.kernels import moe_ring_gluon, ops
+from flashrt.bench.probe_ring_depth import HIDDEN, SHAPES, TOP_K, E, timed
+from flashrt.kernels import linear_mma_gluon, moe_ring_gluon, nvfp4, ops
 
 STAGES = (2, 3, 4)
 ROUNDS = 3
@@ -38,6 +39,66 @@ def variants(served: dict) -> dict[str, dict]:
             if (gate_up, down_stages) != (served["STAGES"], down):
                 out[f"gate_up {gate_up}, down {down_stages}"] = served | {"STAGES": gate_up, "DOWN_STAGES": down_stages}
     return out
+
+
+def rounds(runs: dict, out: torch.Tensor, ref: torch.Tensor) -> tuple[dict, dict, dict]:
+    """Each run checked and timed once a round, ``ROUNDS`` rounds: errors, timings, medians."""
+    timings: dict[str, list] = {name: [] for name in runs}
+    errors = {}
+    for _ in range(ROUNDS):
+        for name, run in runs.items():
+            got = timed(run, out, ref)
+            errors[name] = got.get("error") or got["rel_err"]
+            timings[name].append(got["us"])
+    medians = {name: statistics.median(us) if None not in us else None for name, us in timings.items()}
+    return errors, timings, medians
+
+
+def dense(copy_tbps: float, rows: list, write) -> None:
+    """The dense layers at 1 and 2 tokens where the served config has chunks."""
+    torch.manual_seed(0)
+    for shape, (n, k) in SHAPES.items():
+        w = ops.for_serving(nvfp4.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16)))
+        for m in (1, 2):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+            ref = ops.linear_reference(x, w)
+            chosen = ops.choose_linear(x, w.packed, w.scales, w.global_scale, None, w.layout)
+            served = ops.launch_params(chosen, w.layout)
+            if chosen.form != "mma_gluon" or "CHUNKS" not in served:
+                print(f"{shape} M={m}: served {chosen.name}, no chunks; skipped", flush=True)
+                continue
+            configs = {"served": served} | {
+                f"stages {s}": served | {"STAGES": s} for s in STAGES if s != served["STAGES"]
+            }
+            runs = {
+                name: functools.partial(
+                    linear_mma_gluon.launch, x, w.packed, w.scales, w.global_scale, None, out, config, False
+                )
+                for name, config in configs.items()
+            }
+            errors, timings, medians = rounds(runs, out, ref)
+            rows.append(
+                {
+                    "shape": shape,
+                    "N": n,
+                    "K": k,
+                    "M": m,
+                    "config": chosen.name,
+                    "rel_err": errors,
+                    "us": timings,
+                    "median_us": medians,
+                    "bandwidth_frac": {
+                        name: w.nbytes / (us * 1e-6) / (copy_tbps * 1e12) for name, us in medians.items() if us
+                    },
+                }
+            )
+            print(
+                f"{shape} M={m} {chosen.name}: "
+                + ", ".join(f"{name} {us and round(us, 2)}" for name, us in medians.items()),
+                flush=True,
+            )
+            write()
 
 
 def main(path: str, tokens: tuple[int, ...] = (1, 2, 4, 8)) -> None:
@@ -56,14 +117,7 @@ def main(path: str, tokens: tuple[int, ...] = (1, 2, 4, 8)) -> None:
             name: functools.partial(moe_ring_gluon.launch, x, *banks, ids, weights, out, config, False)
             for name, config in variants(served).items()
         }
-        timings: dict[str, list] = {name: [] for name in runs}
-        errors = {}
-        for _ in range(ROUNDS):
-            for name, run in runs.items():
-                got = timed(run, out, ref)
-                errors[name] = got.get("error") or got["rel_err"]
-                timings[name].append(got["us"])
-        medians = {name: statistics.median(us) if None not in us else None for name, us in timings.items()}
+        errors, timings, medians = rounds(runs, out, ref)
         routed = len(ids.reshape(-1).unique())
         row = {
             "T": t,
@@ -84,8 +138,13 @@ def main(path: str, tokens: tuple[int, ...] = (1, 2, 4, 8)) -> None:
             + ", ".join(f"{name} {us and round(us, 2)}" for name, us in medians.items()),
             flush=True,
         )
-        with open(path, "w") as f:
-            json.dump(result, f, indent=1)
+        write(path, result)
+    dense(copy_tbps, rows, lambda: write(path, result))
+
+
+def write(path: str, result: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":
