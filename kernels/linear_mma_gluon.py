@@ -871,6 +871,14 @@ RING_BYTES = 224 << 10
 # Rows cut in 2, 4 or 8 chunks, each chunk an MMA row of its own against its slice of the
 # activations in an MMA column of its own: the columns a few tokens leave empty.
 CHUNKS = (2, 4, 8)
+# The chunked forms' ring depths. A chunked program is a few steps long (Llama's qkv at one
+# token: 4 chunks of 4 steps), so 4 stages hold its whole read and bound how many programs
+# share an SM; 2 stages take half the shared memory. H200, served config against the same with
+# 2 stages (``bench/probe_bank_stages.py``, ``h200-probe-bank-stages-07ceaeb.json``), one token:
+# Llama's qkv 7.42 against 7.66 us, gate_up 21.92 against 22.29, its LM head 78.40 against
+# 81.47, Qwen3-30B's o 4.54 against 4.85, but Llama's down 14.19 against 12.91; 3 stages won
+# nowhere by more than 1%. Both offered, the adjudicator picks.
+CHUNK_STAGES = (2, 4)
 MAX_TOKENS = 128  # from here on the tensor-core forms with larger tiles (mma, dequant) win
 # The weight's bits as the checkpoint has them, or in ``ring_layout``: its decode in 15
 # instructions a word instead of 19 and no activation PRMTs (H200, ``bench/probe_ring_layout.py``).
@@ -898,7 +906,7 @@ def configs(m: int, n: int, k: int) -> list[dict]:
     make too few programs, ``linear_mma.split_ks`` variants that reach it (each split at
     least two steps): H200, the 4096 x 14336 down projection at 1-8 tokens in 18 us split in 4,
     against 30 us unsplit. Up to 8 columns of tokens times chunks, ``CHUNKS`` variants (whole
-    steps a chunk, 4 stages): on the H200 they were the fastest form for every Llama-3-8B and
+    steps a chunk, ``CHUNK_STAGES``): on the H200 they were the fastest form for every Llama-3-8B and
     Qwen3-30B projection at one and two tokens but Llama's LM head at one (1% behind), and for 5
     of the 7 at four (``h200-probe-chunks-8adad4e.json``); deeper
     rings (5-8 stages) and 4 row tiles gained at most 5% anywhere and were left out
@@ -923,8 +931,9 @@ def configs(m: int, n: int, k: int) -> list[dict]:
         if m * chunks <= 8 and k % (chunks * BLOCK_K) == 0:
             lanes = next(bm for bm in (2, 4, 8) if bm >= m * chunks)
             out += [
-                {"BLOCK_M": lanes, "ROW_TILES": tiles, "WARPS": warps, "STAGES": 4, "CHUNKS": chunks}
+                {"BLOCK_M": lanes, "ROW_TILES": tiles, "WARPS": warps, "STAGES": stages, "CHUNKS": chunks}
                 for tiles in (1, 2)
                 for warps in (2, 4)
+                for stages in CHUNK_STAGES
             ]
     return out

@@ -690,6 +690,16 @@ SLOTS_UPTO = 8
 # nor two row tiles a warp (``DOWN_ROW_TILES``: a warp's loads of h serve 32 rows) gained more than
 # 1% at 1-16 tokens (13dd3dc, 5744288, ``bench/probe_down_width.py``): not offered.
 SLOT_DOWN_WARPS = (2, 4)
+# The chunked gate_up's and slot down's ring depth (the down's the gate_up's). With 4, a
+# program's ring holds its whole read (a pair's chunk is 2-4 steps, the down 3) and shared
+# memory bounds the gate_up to 5 programs an SM at 8 tokens (Nsight Compute,
+# ``h200-ncu-ring8-db199b9.txt``). H200, Qwen3-30B's bank, served config against the same with
+# 2 stages in both halves (``bench/probe_bank_stages.py``, two calls,
+# ``h200-probe-bank-stages-8c79d3e.json`` and ``-07ceaeb.json``): 13.43 and 13.45 us against
+# 14.35 and 14.49 at one token, 20.75 and 21.02 against 21.94 and 21.95 at two; at 4 and 8
+# tokens within 1% (34.78 against 34.03, 56.65 against 56.85 with 2 in the down alone); 3
+# stages in either half behind both everywhere.
+CHUNK_STAGES = (2, 4)
 # Rows the ring forms are offered to; past them the grouped Triton form (``moe_fused``). Up to 16
 # first: past that the e2e band sweep found the packed bank a loss, which was ``moe_fused``'s, not
 # the ring's: Qwen3-30B's full step on the H200 at 24 and 32 rows took 15.2 and 17.6 ms packed
@@ -737,7 +747,8 @@ def configs(t: int, n: int, k: int) -> list[dict]:
     token, four rows otherwise: ``h200-kernels-moe-prefetch2.json``), which lost to the walk
     by 4/27/32% at 1/8/16 tokens. Up to ``SLOTS_UPTO`` tokens, where the inter size is whole
     ring steps, also the gate_up per pair with its rows in ``GATE_UP_CHUNKS`` chunks and the
-    slot down (``DOWN_SLOTS``, 32 or 64 rows of 8 experts a program); they won every one of those
+    slot down (``DOWN_SLOTS``, 32 or 64 rows of 8 experts a program), 2 or 4 stages
+    (``CHUNK_STAGES``); they won every one of those
     token counts on the H200. Past ``TIMED_UPTO`` tokens, the ways that won at 16. Fewer
     configs, a shorter attach: each is compiled and timed at first use."""
     from flashrt.kernels.decode import interpreted
@@ -766,10 +777,18 @@ def configs(t: int, n: int, k: int) -> list[dict]:
     ]
     if n % BLOCK_K == 0 and t <= SLOTS_UPTO:
         offered += [
-            {"GROUPED": 0, "WARPS": warps, "STAGES": 4, "CHUNKS": chunks, "DOWN_WARPS": down_warps, "DOWN_SLOTS": 1}
+            {
+                "GROUPED": 0,
+                "WARPS": warps,
+                "STAGES": stages,
+                "CHUNKS": chunks,
+                "DOWN_WARPS": down_warps,
+                "DOWN_SLOTS": 1,
+            }
             for chunks in GATE_UP_CHUNKS
             if k % (chunks * BLOCK_K) == 0
             for warps in (1, 2)
             for down_warps in SLOT_DOWN_WARPS
+            for stages in CHUNK_STAGES
         ]
     return offered

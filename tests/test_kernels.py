@@ -293,15 +293,16 @@ def test_mma_gluon_ring_and_splits_cover_every_step_once(m, k, split, stages, bl
         (4, 1024, 2, 8, 1, 4),
     ],
 )
-def test_mma_gluon_chunks_sum_every_chunk_of_every_row_once(m, k, chunks, block_m, tiles, warps, device):
+@pytest.mark.parametrize("stages", linear_mma_gluon.CHUNK_STAGES)
+def test_mma_gluon_chunks_sum_every_chunk_of_every_row_once(m, k, chunks, block_m, tiles, warps, stages, device):
     """Rows cut in chunks, each chunk against its slice of the activations in a column of its
-    own: one step a chunk (2048 in 8), 8 lanes for 8 chunks, 6 lanes of 8 used (3 tokens in 2),
-    a tile of rows past N (1000)."""
+    own, through a 2- and a 4-stage ring: one step a chunk (2048 in 8), 8 lanes for 8 chunks,
+    6 lanes of 8 used (3 tokens in 2), a tile of rows past N (1000)."""
     n = 1000
     q = nvfp4.quantize(torch.randn(n, k, dtype=torch.bfloat16, device=device))
     x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
     bias = torch.randn(n, dtype=torch.bfloat16, device=device)
-    config = {"BLOCK_M": block_m, "ROW_TILES": tiles, "WARPS": warps, "STAGES": 4, "CHUNKS": chunks}
+    config = {"BLOCK_M": block_m, "ROW_TILES": tiles, "WARPS": warps, "STAGES": stages, "CHUNKS": chunks}
     for b in (None, bias):
         out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
         linear_mma_gluon.launch(x, q.packed, q.scales, q.global_scale, b, out, config, False)
@@ -717,6 +718,8 @@ def test_mma_gluon_chunks_are_offered_to_few_tokens_and_launched_as_rows_and_lan
     assert offered(2, 4096) == {(2, 4), (4, 8)}
     assert offered(3, 4096) == {(2, 8)} and offered(4, 4096) == {(2, 8)} and offered(5, 4096) == set()
     assert offered(1, 1536) == {(2, 2)} and offered(1, 768) == set()
+    chunked = [c for c in linear_mma_gluon.configs(1, 4096, 4096) if "CHUNKS" in c]
+    assert {c["STAGES"] for c in chunked} == set(linear_mma_gluon.CHUNK_STAGES), "both ring depths"
     calls = []
     monkeypatch.setattr(linear_mma_gluon, "nvfp4_linear_mma_gluon_kernel", _Recorder(calls))
     monkeypatch.setattr(linear_mma, "splitk_reduce_kernel", _Recorder(calls, "reduce"))
@@ -1339,8 +1342,10 @@ def test_ring_expert_chunks_and_slots_are_offered_to_few_tokens_and_launched_wit
     e, n, k, top_k, t = 6, 512, 2048, 3, 2
     for tokens in (1, 4, 8, 9, 16):
         slotted = [c for c in moe_ring_gluon.configs(tokens, n, k) if "DOWN_SLOTS" in c]
-        assert len(slotted) == (12 if tokens <= moe_ring_gluon.SLOTS_UPTO else 0)
+        assert len(slotted) == (24 if tokens <= moe_ring_gluon.SLOTS_UPTO else 0)
         assert {c["DOWN_WARPS"] for c in slotted} == (set(moe_ring_gluon.SLOT_DOWN_WARPS) if slotted else set())
+        assert {c["STAGES"] for c in slotted} == (set(moe_ring_gluon.CHUNK_STAGES) if slotted else set())
+        assert not any("DOWN_STAGES" in c for c in slotted), "the down's ring as deep as the gate_up's"
         assert all(c["CHUNKS"] in moe_ring_gluon.GATE_UP_CHUNKS and not c["GROUPED"] for c in slotted)
     assert {c["CHUNKS"] for c in moe_ring_gluon.configs(1, n, 768) if "DOWN_SLOTS" in c} == {1}, "whole steps only"
     gu, dn, hidden, ids, weights = _cpu_expert_case(monkeypatch, e, n, k, top_k, t)
@@ -1383,7 +1388,7 @@ def test_ring_expert_chunks_and_slots_are_offered_to_few_tokens_and_launched_wit
 @pytest.mark.parametrize("t", [1, 3, 8])
 def test_ring_expert_chunks_and_slots_match_reference(t, top_k, device):
     """Every config with the rows cut in chunks offered at these tokens (32- and 64-row slot
-    programs), and 8 chunks and 16-row slot programs, not offered (a Qwen3-30B-shaped hidden
+    programs, 2- and 4-stage rings), and 8 chunks and 16-row slot programs, not offered (a Qwen3-30B-shaped hidden
     size of 2048; an inter size of 512, two steps an expert): top-8 fills the down's 8 slots,
     top-6 leaves two that must add nothing, top-3 one of 4. Expert 0's down global scale is 0
     (a pruned expert), the output poisoned first."""
@@ -1395,7 +1400,7 @@ def test_ring_expert_chunks_and_slots_match_reference(t, top_k, device):
     ref = ops.moe_reference(hidden, gu, dn, ids, weights).double()
     configs = [c for c in moe_ring_gluon.configs(t, n, k) if "DOWN_SLOTS" in c]
     configs += [{"GROUPED": 0, "WARPS": w, "STAGES": 4, "CHUNKS": 8, "DOWN_WARPS": 1, "DOWN_SLOTS": 1} for w in (1, 2)]
-    assert len(configs) == 6 * len(moe_ring_gluon.SLOT_DOWN_WARPS) + 2
+    assert len(configs) == 6 * len(moe_ring_gluon.SLOT_DOWN_WARPS) * len(moe_ring_gluon.CHUNK_STAGES) + 2
     for config in configs:
         out = torch.full_like(hidden, float("nan"))
         moe_ring_gluon.launch(hidden, *_tuples(gu, dn), ids, weights, out, config, False)
