@@ -14,6 +14,12 @@ from pathlib import Path
 from flashrt.bench import merge
 
 DEFAULT_RESULTS = [  # every arm with vLLM's merged projections, torch.compile's PDL from 0d80628 on
+    # dbf4235: the chunked ring forms (dense and the bank's) offered 2 stages beside 4 (CHUNK_STAGES)
+    merge.RESULTS / "h200-e2e-qwen3-dbf4235-b1.json",  # profiled
+    merge.RESULTS / "h200-e2e-qwen3-dbf4235-b4.json",
+    merge.RESULTS / "h200-e2e-qwen3-dbf4235-b8.json",
+    merge.RESULTS / "h200-e2e-llama-dbf4235-b1.json",
+    merge.RESULTS / "h200-e2e-llama-dbf4235-b4.json",
     # 5c0f2a9: the MoE router's logits GEMM as vLLM's GateLinear runs it up to 16 tokens, both arms
     merge.RESULTS / "h200-e2e-qwen3-5c0f2a9-b4b16.json",
     merge.RESULTS / "h200-e2e-qwen3-5c0f2a9-b1b4b8.json",  # 1 (profiled; cut before the seated 4 and 8)
