@@ -32,7 +32,8 @@ one token against 17.9 (``SLOTS_UPTO``).
 Every kernel here reads either layout of the banks (``LAYOUT``: ``ring_layout``'s on Hopper,
 where the seat sends the bank at most ``MAX_TOKENS`` rows). H200, the kernel benchmark in that
 layout (``h200-kernels-m1-bank-1c59e32.json``): Qwen3-30B's bank 13.7/57.2/89.3 us at 1/8/16
-tokens against 14.3/67.5/95.2 at bcb02a5.
+tokens against 14.3/67.5/95.2 at bcb02a5; with 2-stage rings offered to the chunked ways
+(``CHUNK_STAGES``, ``h200-kernels-stages-7c8dda6.json``) 12.5/31.0/54.7 us at 1/4/8.
 
 H200, Qwen3-30B-A3B's bank (E=128, top-8, 2048 x 768), 9a6de5f
 (``bench/results/h200-probe-moe-ring-down.json``, every config checked against the reference):
