@@ -44,17 +44,24 @@ def served_bank() -> tuple[dict, tuple, int, torch.Tensor]:
     return result, ((gu, dn), banks), served[0].layout, nvfp4.dequantize(dn, torch.float64)
 
 
+def served_case(t: int, bank: tuple, banks: tuple, layout: int) -> tuple:
+    """``t`` tokens through ``served_bank``'s bank, routed with seed 0: ``(x, ids, weights, out,
+    ref, chosen)``, the output buffer, the reference output and the choice a seat serves."""
+    gu, dn = bank
+    x = torch.randn(t, HIDDEN, device="cuda", dtype=torch.bfloat16)
+    ids, weights = _routing(t, E, TOP_K, 0)
+    ref = ops.moe_reference(x, gu, dn, ids, weights)
+    chosen = ops.choose_moe(x, *banks, ids, weights, layout)
+    return x, ids, weights, torch.empty_like(x), ref, chosen
+
+
 def main(path: str, tokens: tuple[int, ...] = (4, 8, 16)) -> None:
     result, ((gu, dn), banks), layout, decoded_down = served_bank()
     copy_tbps = result["copy_TBps"]
     result["rows"] = rows = []
     gu_bytes, dn_bytes = gu.nbytes / E, dn.nbytes / E
     for t in tokens:
-        x = torch.randn(t, HIDDEN, device="cuda", dtype=torch.bfloat16)
-        ids, weights = _routing(t, E, TOP_K, 0)
-        out = torch.empty_like(x)
-        ref = ops.moe_reference(x, gu, dn, ids, weights)
-        chosen = ops.choose_moe(x, *banks, ids, weights, layout)
+        x, ids, weights, out, ref, chosen = served_case(t, (gu, dn), banks, layout)
         config = ops.launch_params(chosen, layout)
         whole = functools.partial(moe_ring_gluon.launch, x, *banks, ids, weights, out, config, False)
         h = torch.randn(t * TOP_K, INTER, device="cuda", dtype=torch.bfloat16) * 0.1

@@ -21,9 +21,8 @@ import statistics
 import sys
 
 import torch
-from flashrt.bench.kernels import _routing
-from flashrt.bench.probe_bank_halves import served_bank
-from flashrt.bench.probe_ring_depth import HIDDEN, SHAPES, TOP_K, E, timed
+from flashrt.bench.probe_bank_halves import served_bank, served_case
+from flashrt.bench.probe_ring_depth import SHAPES, E, timed
 from flashrt.kernels import linear_mma_gluon, moe_ring_gluon, nvfp4, ops
 
 STAGES = (2, 3, 4)
@@ -107,11 +106,7 @@ def main(path: str, tokens: tuple[int, ...] = (1, 2, 4, 8)) -> None:
     result["rows"] = rows = []
     bank_bytes = (gu.nbytes + dn.nbytes) / E
     for t in tokens:
-        x = torch.randn(t, HIDDEN, device="cuda", dtype=torch.bfloat16)
-        ids, weights = _routing(t, E, TOP_K, 0)
-        out = torch.empty_like(x)
-        ref = ops.moe_reference(x, gu, dn, ids, weights)
-        chosen = ops.choose_moe(x, *banks, ids, weights, layout)
+        x, ids, weights, out, ref, chosen = served_case(t, (gu, dn), banks, layout)
         served = ops.launch_params(chosen, layout)
         runs = {
             name: functools.partial(moe_ring_gluon.launch, x, *banks, ids, weights, out, config, False)
