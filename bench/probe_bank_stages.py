@@ -3,16 +3,18 @@
 Nsight Compute on Qwen3-30B's bank at 8 tokens as served (``h200-ncu-ring8-db199b9.txt``): the
 gate_up's 2-warp programs take 41 KiB of shared memory each, so 5 share an SM (2.5 warps a
 scheduler, an instruction every 4.0 cycles a warp), the slot down's 4-warp ones 53 KiB, 4 an SM.
-Its ring is ``STAGES`` steps deep, and the chunked forms are offered 4 stages only, where a
-pair's gate_up chunk is 4 steps (K 2048 in 2 chunks) and the down 3 (inter 768): the ring holds
-a program's whole read. Fewer stages mean less of it in flight a program and more programs an
-SM. This times the served config against the same with 2 and 3 stages in the gate_up, in the
-down (``DOWN_STAGES``) and in both, in rounds (each variant once a round), every output checked
-against the reference first. Then the same for the dense layers of Llama-3-8B and Qwen3-30B at 1
-and 2 tokens, where the served config cuts rows in chunks: the served stages against 2 and 3.
+Its ring is ``STAGES`` steps deep, and until 7c8dda6 the chunked forms were offered 4 stages
+only, where a pair's gate_up chunk is 4 steps (K 2048 in 2 chunks) and the down 3 (inter 768):
+the ring held a program's whole read. Fewer stages mean less of it in flight a program and more
+programs an SM. This times the served config against the same with 2, 3 and 4 stages in the
+gate_up, in the down (``DOWN_STAGES``) and in both, in rounds (each variant once a round), every
+output checked against the reference first. Then the same for the dense layers of Llama-3-8B and
+Qwen3-30B at those token counts where the ring form (``mma_gluon``) serves them, chunked or not:
+the served stages against the others.
 
 ``python3 bench/probe_bank_stages.py OUT.json [TOKENS ...]`` with flashrt importable
-(``bench/gpu_run.sh``); the JSON is rewritten after each token count.
+(``bench/gpu_run.sh``); the JSON is rewritten after each token count. The 8c79d3e and 07ceaeb
+runs timed the dense layers at 1 and 2 tokens only.
 """
 
 import functools
@@ -53,19 +55,19 @@ def rounds(runs: dict, out: torch.Tensor, ref: torch.Tensor) -> tuple[dict, dict
     return errors, timings, medians
 
 
-def dense(copy_tbps: float, rows: list, write) -> None:
-    """The dense layers at 1 and 2 tokens where the served config has chunks."""
+def dense(copy_tbps: float, rows: list, write, tokens: tuple[int, ...]) -> None:
+    """The dense layers at ``tokens`` where the ring form serves them."""
     torch.manual_seed(0)
     for shape, (n, k) in SHAPES.items():
         w = ops.for_serving(nvfp4.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16)))
-        for m in (1, 2):
+        for m in tokens:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
             ref = ops.linear_reference(x, w)
             chosen = ops.choose_linear(x, w.packed, w.scales, w.global_scale, None, w.layout)
             served = ops.launch_params(chosen, w.layout)
-            if chosen.form != "mma_gluon" or "CHUNKS" not in served:
-                print(f"{shape} M={m}: served {chosen.name}, no chunks; skipped", flush=True)
+            if chosen.form != "mma_gluon":
+                print(f"{shape} M={m}: served {chosen.name}, not the ring form; skipped", flush=True)
                 continue
             configs = {"served": served} | {
                 f"stages {s}": served | {"STAGES": s} for s in STAGES if s != served["STAGES"]
@@ -134,7 +136,7 @@ def main(path: str, tokens: tuple[int, ...] = (1, 2, 4, 8)) -> None:
             flush=True,
         )
         write(path, result)
-    dense(copy_tbps, rows, lambda: write(path, result))
+    dense(copy_tbps, rows, lambda: write(path, result), tokens)
 
 
 def write(path: str, result: dict) -> None:
