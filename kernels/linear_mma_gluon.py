@@ -879,6 +879,15 @@ CHUNKS = (2, 4, 8)
 # 81.47, Qwen3-30B's o 4.54 against 4.85, but Llama's down 14.19 against 12.91; 3 stages won
 # nowhere by more than 1%. Both offered, the adjudicator picks.
 CHUNK_STAGES = (2, 4)
+# The unchunked forms' ring depths: 3 and 4 (six never won a shape at 1-64 tokens), and from a
+# 16-token tile, whose ring stage carries 8 KiB of activations beside 4.5 KiB of a 32-row
+# program's weight, 2 as well. H200, served config against the same with 2 stages
+# (``bench/probe_bank_stages.py``, ``h200-probe-bank-stages-442140c-t8.json``), 16 tokens:
+# Llama's o 8.59 against 9.52 us, gate_up 27.05 against 27.97, LM head 98.48 against 101.42,
+# but Qwen3-30B's qkv 8.49 against 7.11; at 8 tokens 2 stages won nowhere by more than 1%.
+UNCHUNKED_STAGES = (3, 4)
+WIDE_TILE_STAGES = (2, 3, 4)
+WIDE_TILE = 16
 MAX_TOKENS = 128  # from here on the tensor-core forms with larger tiles (mma, dequant) win
 # The weight's bits as the checkpoint has them, or in ``ring_layout``: its decode in 15
 # instructions a word instead of 19 and no activation PRMTs (H200, ``bench/probe_ring_layout.py``).
@@ -901,8 +910,8 @@ def configs(m: int, n: int, k: int) -> list[dict]:
     what bounds how many programs share an SM (H200, one token, best config against the same
     configs with an 8-token ring: gate_up 28.8 against 30.2 us, the LM head 58.0 against 60.9;
     within 2% at 2 and 4 tokens). ROW_TILES 1-2 row tiles of 16 a warp, 2 or 4 warps: a program
-    is 32-128 rows, small enough that a 4096-row layer still makes programs for every SM. STAGES 3-4: on
-    the H200 six stages never won a shape at 1-64 tokens, and cost occupancy. Where the tiles
+    is 32-128 rows, small enough that a 4096-row layer still makes programs for every SM.
+    ``UNCHUNKED_STAGES`` 3-4, from 16-token tiles 2-4 (``WIDE_TILE_STAGES``). Where the tiles
     make too few programs, ``linear_mma.split_ks`` variants that reach it (each split at
     least two steps): H200, the 4096 x 14336 down projection at 1-8 tokens in 18 us split in 4,
     against 30 us unsplit. Up to 8 columns of tokens times chunks, ``CHUNKS`` variants (whole
@@ -920,7 +929,7 @@ def configs(m: int, n: int, k: int) -> list[dict]:
     out = []
     for tiles in (1, 2):
         for warps in (2, 4):
-            for stages in (3, 4):
+            for stages in WIDE_TILE_STAGES if block_m >= WIDE_TILE else UNCHUNKED_STAGES:
                 base = {"BLOCK_M": block_m, "ROW_TILES": tiles, "WARPS": warps, "STAGES": stages}
                 if ring_bytes(base) > RING_BYTES:
                     continue

@@ -263,12 +263,14 @@ def test_split_ks_offers_powers_of_two_from_the_least_programs_to_one_past_two_a
         (8, 768, 1, 4, 8),
         (9, 768, 4, 3, 32),
         (20, 2048, 1, 4, 32),
+        (17, 2048, 3, 2, 32),
     ],
 )
 def test_mma_gluon_ring_and_splits_cover_every_step_once(m, k, split, stages, block_m, device):
     """The ring form at step counts that do not divide: 3 steps in 2 splits (2 + 1), 16 in 3
     (6 + 6 + 4), 3 in 4 (the last split has none and adds zeros), fewer steps than stages; and
-    token tiles under the MMA's 8 columns: one token, 3 of 4, three tiles of 2."""
+    token tiles under the MMA's 8 columns: one token, 3 of 4, three tiles of 2; a two-stage ring
+    (``WIDE_TILE_STAGES``) over 8 steps in 3 splits."""
     n = 1000
     q = nvfp4.quantize(torch.randn(n, k, dtype=torch.bfloat16, device=device))
     x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
@@ -699,6 +701,25 @@ def test_wgmma_chain_reads_what_the_launch_before_it_wrote(split, monkeypatch, d
         return linear_wgmma_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, config, False)
 
     _switch_keeps_every_bit(monkeypatch, linear_wgmma_gluon, "PDL_CHAIN", launch, xs)
+
+
+def test_mma_gluon_offers_two_stage_rings_from_wide_token_tiles(monkeypatch):
+    """Unchunked rings of 3 and 4 stages under a 16-token tile (up to 8 tokens), and of 2 as well
+    from one (9 tokens on), with and without split-K."""
+    monkeypatch.setattr(decode, "interpreted", lambda: False)
+
+    def depths(m, splits):
+        return {
+            c["STAGES"]
+            for c in linear_mma_gluon.configs(m, 4096, 4096)
+            if "CHUNKS" not in c and ("SPLIT_K" in c) == splits
+        }
+
+    for m in (1, 8):
+        assert depths(m, False) == depths(m, True) == set(linear_mma_gluon.UNCHUNKED_STAGES), m
+    for m in (9, 16, 64):
+        assert depths(m, False) == set(linear_mma_gluon.WIDE_TILE_STAGES) == {2, 3, 4}, m
+    assert depths(16, True) == {2, 3, 4}
 
 
 def test_mma_gluon_chunks_are_offered_to_few_tokens_and_launched_as_rows_and_lanes(monkeypatch, device):
