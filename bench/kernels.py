@@ -49,6 +49,7 @@ MOE_SHAPES = [("qwen3-30b-a3b", 128, 8, 2048, 768), ("qwen3.5-35b-a3b", 256, 8, 
 MOE_TOKENS = [1, 4, 8, 16, 64, 256]
 
 DEFAULT_RESULTS = [  # the first run that has a measurement gives it
+    merge.RESULTS / "h200-kernels-wide-stages-99e436d.json",  # Llama's four at 4-16, 2-stage rings from 16-token tiles
     merge.RESULTS / "h200-kernels-stages-7c8dda6.json",  # Llama's four at 1-2 and both banks at 1-8, 2-stage rings
     merge.RESULTS / "h200-kernels-m128-e0910ac.json",  # Llama's four and the LM head at 128, re-tuned
     merge.RESULTS / "h200-kernels-lmhead2048-e0910ac.json",  # the LM head at 2048

@@ -14,6 +14,10 @@ from pathlib import Path
 from flashrt.bench import merge
 
 DEFAULT_RESULTS = [  # every arm with vLLM's merged projections, torch.compile's PDL from 0d80628 on
+    # 99e436d: the unchunked ring forms offered 2 stages from 16-token tiles (WIDE_TILE_STAGES)
+    merge.RESULTS / "h200-e2e-qwen3-99e436d-b8b16.json",  # 8 (cut before the seated 16)
+    merge.RESULTS / "h200-e2e-qwen3-99e436d-b16.json",
+    merge.RESULTS / "h200-e2e-llama-99e436d-b8.json",
     # dbf4235: the chunked ring forms (dense and the bank's) offered 2 stages beside 4 (CHUNK_STAGES)
     merge.RESULTS / "h200-e2e-qwen3-dbf4235-b1.json",  # profiled
     merge.RESULTS / "h200-e2e-qwen3-dbf4235-b4.json",
