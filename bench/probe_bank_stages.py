@@ -14,7 +14,8 @@ the served stages against the others.
 
 ``python3 bench/probe_bank_stages.py OUT.json [TOKENS ...]`` with flashrt importable
 (``bench/gpu_run.sh``); the JSON is rewritten after each token count. The 8c79d3e and 07ceaeb
-runs timed the dense layers at 1 and 2 tokens only.
+runs timed the dense layers at 1 and 2 tokens only; 442140c's (``-442140c-t8.json``) everything
+at 8, 16 and 4, where 2 stages won three of Llama's layers at 16 (``linear_mma_gluon.WIDE_TILE_STAGES``).
 """
 
 import functools
