@@ -18,6 +18,7 @@ DEFAULT_RESULTS = [  # every arm with vLLM's merged projections, torch.compile's
     merge.RESULTS / "h200-e2e-qwen3-99e436d-b8b16.json",  # 8 (cut before the seated 16)
     merge.RESULTS / "h200-e2e-qwen3-99e436d-b16.json",
     merge.RESULTS / "h200-e2e-llama-99e436d-b8.json",
+    merge.RESULTS / "h200-e2e-llama-fdf6740-b16.json",  # fdf6740: 99e436d's kernels (a docstring apart)
     # dbf4235: the chunked ring forms (dense and the bank's) offered 2 stages beside 4 (CHUNK_STAGES)
     merge.RESULTS / "h200-e2e-qwen3-dbf4235-b1.json",  # profiled
     merge.RESULTS / "h200-e2e-qwen3-dbf4235-b4.json",
