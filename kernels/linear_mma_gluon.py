@@ -886,7 +886,7 @@ CHUNK_STAGES = (2, 4)
 # Llama's o 8.59 against 9.52 us, gate_up 27.05 against 27.97, LM head 98.48 against 101.42,
 # but Qwen3-30B's qkv 8.49 against 7.11; at 8 tokens 2 stages won nowhere by more than 1%.
 UNCHUNKED_STAGES = (3, 4)
-WIDE_TILE_STAGES = (2, 3, 4)
+WIDE_TILE_STAGES = (2, *UNCHUNKED_STAGES)
 WIDE_TILE = 16
 MAX_TOKENS = 128  # from here on the tensor-core forms with larger tiles (mma, dequant) win
 # The weight's bits as the checkpoint has them, or in ``ring_layout``: its decode in 15
