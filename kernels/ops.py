@@ -240,11 +240,13 @@ def choose_linear(
     device = x.device
     key = f"linear:{x.dtype}:M{bucket(m)}:N{n}:K{k}{_layout_key(layout)}"
 
+    def call(c: Candidate, out: torch.Tensor) -> functools.partial:
+        launch = LINEAR_FORMS[c.form].launch
+        return functools.partial(launch, x, packed, scales, global_scale, bias, out, launch_params(c, layout), prmt)
+
     def measure(c: Candidate) -> Outcome:
         out = torch.empty(m, n, dtype=x.dtype, device=device)
-        mod = LINEAR_FORMS[c.form]
-        params = launch_params(c, layout)
-        run = functools.partial(mod.launch, x, packed, scales, global_scale, bias, out, params, _use_prmt(device))
+        run = call(c, out)
         try:
             run()
             rows = slice(0, PARITY_ROWS)
@@ -258,8 +260,12 @@ def choose_linear(
     chosen = TUNER.recall(device_key, memo)
     if chosen is not None:
         return chosen
+    prmt = _use_prmt(device)
     cands = linear_candidates(m, n, k, _capability(device), layout)
-    return TUNER.choose(device_key, key, cands, measure, _may_measure(device), memo)
+    return TUNER.choose(
+        device_key, key, cands, measure, _may_measure(device), memo,
+        launch=lambda c: call(c, torch.empty(m, n, dtype=x.dtype, device=device))(),
+    )  # fmt: skip
 
 
 def choose_moe(hidden, gate_up, down, topk_ids, topk_weights, layout: int = ring_layout.CHECKPOINT) -> Candidate:
@@ -272,12 +278,17 @@ def choose_moe(hidden, gate_up, down, topk_ids, topk_weights, layout: int = ring
     if chosen is not None:
         return chosen
     cands = moe_candidates(t, two_n // 2, k, _capability(device), layout)
+    prmt = _use_prmt(device)
+
+    def call(c: Candidate, out: torch.Tensor) -> functools.partial:
+        launch = MOE_FORMS[c.form].launch
+        return functools.partial(
+            launch, hidden, gate_up, down, topk_ids, topk_weights, out, launch_params(c, layout), prmt
+        )
 
     def measure(c: Candidate) -> Outcome:
         out = torch.empty_like(hidden)
-        launch = MOE_FORMS[c.form].launch
-        params = launch_params(c, layout)
-        run = functools.partial(launch, hidden, gate_up, down, topk_ids, topk_weights, out, params, _use_prmt(device))
+        run = call(c, out)
         try:
             run()
             ref = moe_reference(
@@ -287,7 +298,10 @@ def choose_moe(hidden, gate_up, down, topk_ids, topk_weights, layout: int = ring
         except Exception as exc:
             return Outcome(c, refused=_reason(exc))
 
-    return TUNER.choose(device_key, key, cands, measure, _may_measure(device), memo)
+    return TUNER.choose(
+        device_key, key, cands, measure, _may_measure(device), memo,
+        launch=lambda c: call(c, torch.empty_like(hidden))(),
+    )  # fmt: skip
 
 
 # -- serving layout ------------------------------------------------------------------------------

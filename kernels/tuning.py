@@ -9,14 +9,19 @@ Choices are cached per device and shape bucket in memory (a process never re-tun
 and in a JSON file under ``FLASHRT_CACHE_DIR`` (default ``~/.cache/flashrt``), so the
 tensor-parallel ranks and restarts of one node reuse them. Inside CUDA-graph capture nothing
 is timed: an uncached shape takes the first qualified candidate.
+
+Before a shape's candidates are timed, their kernels are compiled together on a thread pool
+(``compile_ahead``): timing one candidate after another compiled each on first use, one at a time.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,6 +86,52 @@ def adjudicate(outcomes: list[Outcome], parity_floor: float = PARITY_FLOOR, marg
     winner = min((o for o in close if o.candidate.precision == best_precision), key=lambda o: o.time_us)
     notes.append(f"winner {winner.candidate.name} at {winner.time_us:.2f} us")
     return Verdict(winner.candidate, tuple(notes))
+
+
+def compile_ahead(launches: Iterable[Callable[[], object]], workers: int | None = None) -> int:
+    """Compile every Triton kernel the ``launches`` would compile, on ``workers`` threads (default:
+    one a core), and return how many were compiled.
+
+    Each launch runs once in this thread with Triton's compiles recorded instead of done: a kernel
+    not yet compiled is neither compiled nor launched (its outputs are left as they were), one
+    already compiled runs. Then the recorded specializations are compiled in parallel
+    (``JITFunction.preload`` under ``AsyncCompileMode``) into the kernels' caches, so the launches
+    that follow find them built. ptxas runs as a child process and Triton's passes let go of
+    the GIL, so threads overlap most of a compile: TODO-MEASURE.
+    A launch that raises, or a kernel that fails to compile, is left to the caller's own launch,
+    which raises the same error where it can say which candidate it was. Without Triton's hooks
+    (another Triton, no Triton) nothing is compiled ahead."""
+    try:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from triton import knobs
+        from triton.runtime._async_compile import AsyncCompileMode
+    except ImportError:
+        return 0
+    recording = threading.get_ident()
+    jobs: dict[tuple[int, str], tuple[object, str]] = {}
+    chained = knobs.runtime.jit_cache_hook
+
+    def record(*, key, fn, compile, **kwargs) -> bool | None:
+        if threading.get_ident() != recording:  # another thread's launch compiles as it would have
+            return chained(key=key, fn=fn, compile=compile, **kwargs) if chained else None
+        jobs.setdefault((id(fn.jit_function), str(key)), (fn.jit_function, compile["specialization_data"]))
+        return True  # skip: run() returns before compiling or launching
+
+    knobs.runtime.jit_cache_hook = record
+    try:
+        for launch in launches:
+            with contextlib.suppress(Exception):
+                launch()
+    finally:
+        knobs.runtime.jit_cache_hook = chained
+    if not jobs:
+        return 0
+    pool = ThreadPoolExecutor(min(len(jobs), workers or os.cpu_count() or 1))
+    with pool, AsyncCompileMode(pool, ignore_errors=True):
+        for fn, specialization in jobs.values():
+            fn.preload(specialization)
+    return len(jobs)
 
 
 def bucket(m: int) -> int:
@@ -155,11 +206,14 @@ class Tuner:
         measure: Callable[[Candidate], Outcome],
         may_measure: bool,
         memo: Hashable | None = None,
+        launch: Callable[[Candidate], object] | None = None,
     ) -> Candidate:
         """The winner for ``shape_key`` among ``candidates``: the cached one if it was chosen
         among the same offer, else measured (or the first candidate where measuring is not
         allowed, during a CUDA-graph capture; that stand-in is never remembered). A decision is
-        remembered under ``memo`` (which must determine the offer) for ``recall``."""
+        remembered under ``memo`` (which must determine the offer) for ``recall``. ``launch``
+        runs a candidate once: given, every candidate's kernels are compiled together
+        (``compile_ahead``) before the first is measured."""
         with self._lock:
             table = self._device_table(device_key)
             offered = _offered(candidates)
@@ -172,6 +226,8 @@ class Tuner:
                 return cached
             if not may_measure:
                 return candidates[0]
+            if launch is not None:
+                compile_ahead(functools.partial(launch, c) for c in candidates)
             verdict = adjudicate([measure(c) for c in candidates])
             self._notes[shape_key] = verdict.notes
             if verdict.winner is None:

@@ -4,6 +4,7 @@ On the CPU the Triton kernels run under ``TRITON_INTERPRET=1`` (conftest); on a 
 tests run the compiled kernels, including the PTX decoder the interpreter cannot run.
 """
 
+import functools
 from itertools import product
 
 import pytest
@@ -27,6 +28,7 @@ from flashrt.kernels import (
     ops,
     permute_steps,
     ring_layout,
+    tuning,
 )
 from flashrt.kernels.decode import use_prmt
 from flashrt.kernels.nvfp4 import NVFP4Weight
@@ -281,6 +283,40 @@ def test_mma_gluon_ring_and_splits_cover_every_step_once(m, k, split, stages, bl
     ref = ops.linear_reference(x, q, bias)
     assert not out.isnan().any()
     assert (out.double() - ref.double()).norm() / ref.double().norm() < 1e-2
+
+
+@pytest.mark.skipif(not ON_GPU, reason="compiles for the device it launches on")
+def test_compile_ahead_builds_every_candidate_without_launching_one(device):
+    """What the adjudicator does before it times a shape's candidates: each candidate's launch
+    recorded, none run, then every kernel compiled on a thread pool, so that the launches that
+    follow compile nothing and compute what the reference does."""
+    from triton import knobs
+
+    m, n, k = 3, 1000, 768
+    q = nvfp4.quantize(torch.randn(n, k, dtype=torch.bfloat16, device=device))
+    x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
+    configs = [c for c in linear_mma_gluon.configs(m, n, k) if "SPLIT_K" not in c and "CHUNKS" not in c]
+    kernel = linear_mma_gluon.nvfp4_linear_mma_gluon_kernel
+    kernel.device_caches[torch.cuda.current_device()][0].clear()  # as in a fresh process
+    outs = [torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device) for _ in configs]
+    launches = [
+        functools.partial(linear_mma_gluon.launch, x, q.packed, q.scales, q.global_scale, None, out, cfg, False)
+        for cfg, out in zip(configs, outs, strict=True)
+    ]
+    assert tuning.compile_ahead(launches) == len(configs) > 1
+    torch.cuda.synchronize()
+    assert all(out.isnan().all() for out in outs), "a recorded launch runs nothing"
+    compiled = []
+    knobs.runtime.jit_cache_hook = lambda **kw: compiled.append(kw["key"])
+    try:
+        for launch in launches:
+            launch()
+    finally:
+        knobs.runtime.jit_cache_hook = None
+    assert compiled == [], "every kernel was built ahead"
+    ref = ops.linear_reference(x, q).double()
+    for out in outs:
+        assert (out.double() - ref).norm() / ref.norm() < 1e-2
 
 
 @pytest.mark.skipif(not ON_GPU, reason="Gluon has no interpreter: CI builds it and checks its decoder")

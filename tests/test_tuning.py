@@ -91,3 +91,32 @@ def test_a_decision_is_recalled_without_its_candidates_and_a_capture_stand_in_ne
     fresh = Tuner()  # the next process: the file's choice, once confirmed against the offer, is recalled
     assert fresh.choose("H200", "linear:M1", [A, B], measure, may_measure=False, memo=("linear:M1", "auto")) == A
     assert fresh.recall("H200", ("linear:M1", "auto")) == A
+
+
+def test_every_candidate_is_compiled_ahead_once_before_the_first_is_measured(tmp_path, monkeypatch):
+    """Measuring compiles every candidate first, together (``compile_ahead``); a cached choice
+    and a capture's stand-in launch nothing ahead."""
+    import flashrt.kernels.tuning as tuning
+
+    monkeypatch.setenv("FLASHRT_CACHE_DIR", str(tmp_path))
+    events = []
+
+    def compile_ahead(launches):
+        for launch in launches:
+            launch()
+        events.append("compiled")
+        return 0
+
+    def measure(c):
+        events.append(("measured", c.form))
+        return Outcome(c, {"gemv": 3.0, "mma": 5.0}[c.form], 0.999)
+
+    monkeypatch.setattr(tuning, "compile_ahead", compile_ahead)
+    launch = lambda c: events.append(("launched", c.form))  # noqa: E731
+    assert Tuner().choose("H200", "linear:M1", [A, B], measure, may_measure=False, launch=launch) == A
+    assert events == [], "nothing is compiled ahead for a stand-in"
+    assert Tuner().choose("H200", "linear:M1", [B, A], measure, may_measure=True, launch=launch) == A
+    assert events == [("launched", "mma"), ("launched", "gemv"), "compiled", ("measured", "mma"), ("measured", "gemv")]
+    events.clear()
+    assert Tuner().choose("H200", "linear:M1", [B, A], measure, may_measure=True, launch=launch) == A
+    assert events == [], "a cached choice compiles nothing"
