@@ -15,9 +15,9 @@ import sys
 import tempfile
 import time
 
-# Layers whose candidates differ in kind: the ring and split forms at one and 16 tokens, the
-# ``wgmma`` forms beside them at 64, Qwen3-30B's expert bank at 8.
-LINEARS = (("qkv", 6144, 4096, 1), ("expert_gate_up_30b", 1536, 2048, 16), ("down", 4096, 14336, 64))
+# Layers whose candidates differ in kind: the chunked ring forms at one token, the split ring
+# forms at 16, Qwen3-30B's expert bank at 8.
+LINEARS = (("qkv", 6144, 4096, 1), ("expert_gate_up_30b", 1536, 2048, 16))
 BANK = ("qwen3-30b-a3b", 128, 768, 2048, 8, 8)
 
 
