@@ -49,6 +49,10 @@ MOE_SHAPES = [("qwen3-30b-a3b", 128, 8, 2048, 768), ("qwen3.5-35b-a3b", 256, 8, 
 MOE_TOKENS = [1, 4, 8, 16, 64, 256]
 
 DEFAULT_RESULTS = [  # the first run that has a measurement gives it
+    merge.RESULTS / "h200-kernels-m64-128-16f57c4.json",  # every linear at 64 and 128, re-tuned (compile_ahead)
+    merge.RESULTS / "h200-kernels-m32-17801e0.json",  # qkv, down and the expert linears at 32, re-tuned
+    merge.RESULTS / "h200-kernels-m32b-16f57c4.json",  # gate_up and the LM head at 32, re-tuned
+    merge.RESULTS / "h200-kernels-experts-16f57c4.json",  # the expert linears at 1-16, re-tuned
     merge.RESULTS / "h200-kernels-wide-stages-99e436d.json",  # Llama's four at 4-16, 2-stage rings from 16-token tiles
     merge.RESULTS / "h200-kernels-stages-7c8dda6.json",  # Llama's four at 1-2 and both banks at 1-8, 2-stage rings
     merge.RESULTS / "h200-kernels-m128-e0910ac.json",  # Llama's four and the LM head at 128, re-tuned

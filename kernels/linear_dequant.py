@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 from flashrt.kernels import ring_layout
 from flashrt.kernels.decode import decode_codes, load_nvfp4_codes
+from flashrt.kernels.linear_mma import SMS
 
 # Below this many rows the decode pass costs more than the GEMM it feeds: the register-decoding
 # forms win there, so the form is not offered (and not timed) for fewer rows.
@@ -42,6 +43,13 @@ MAX_DECODED_BYTES = 256 << 20
 # 4096 rows, so slabs are not narrower than 2048 rows; the buffer is at most 32 MiB.
 SLAB_ROWS = (2048, 4096)
 MAX_SLAB_BYTES = 32 << 20
+# The decode pass is a copy, and a copy needs bytes in flight on every SM. The two tiles below
+# make 64-192 programs of an expert-sized weight (2048 x 512 to 1536 x 2048), one program an SM
+# or fewer, where the GEMM they feed takes 5-20 us; a tile of 16 rows makes four times as many.
+# Offered where the widest tile would make fewer than ``FEW_PROGRAMS``.
+TILES = ({"BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4}, {"BLOCK_N": 32, "BLOCK_K": 1024, "num_warps": 8})
+NARROW_TILE = {"BLOCK_N": 16, "BLOCK_K": 256, "num_warps": 4}
+FEW_PROGRAMS = 4 * SMS
 
 
 @triton.jit
@@ -139,7 +147,7 @@ LAYOUTS = (ring_layout.CHECKPOINT, ring_layout.RING)
 
 def configs(m: int, n: int, k: int) -> list[dict]:
     """Two tile shapes of the decode pass (it is a copy: 8-16 KB of codes in, 32-64 KB out a
-    program), each decoding the whole weight where that copy stays under ``MAX_DECODED_BYTES``,
+    program), and a narrow one for weights that make few programs (``NARROW_TILE``), each decoding the whole weight where that copy stays under ``MAX_DECODED_BYTES``,
     else in each ``SLAB_ROWS`` narrower than the weight whose buffer stays under
     ``MAX_SLAB_BYTES``; only from ``MIN_ROWS`` rows, where the GEMM can hide the pass."""
     if m < MIN_ROWS or k % 16:
@@ -148,5 +156,7 @@ def configs(m: int, n: int, k: int) -> list[dict]:
         copies = [{}]
     else:
         copies = [{"SLAB_ROWS": rows} for rows in SLAB_ROWS if rows < n and rows * k * 2 <= MAX_SLAB_BYTES]
-    tiles = [{"BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4}, {"BLOCK_N": 32, "BLOCK_K": 1024, "num_warps": 8}]
+    tiles = list(TILES)
+    if triton.cdiv(n, TILES[0]["BLOCK_N"]) * triton.cdiv(k, TILES[0]["BLOCK_K"]) < FEW_PROGRAMS:
+        tiles.append(NARROW_TILE)
     return [tile | copy for tile in tiles for copy in copies]
