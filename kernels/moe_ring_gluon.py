@@ -58,6 +58,9 @@ from flashrt.kernels.linear_mma import reduce_splits, split_ks, split_target
 from flashrt.kernels.linear_mma_gluon import (
     _EPILOGUE_FACTOR,
     BLOCK_K,
+    UNCHUNKED_STAGES,
+    WIDE_TILE,
+    WIDE_TILE_STAGES,
     V,
     _activation_offsets,
     _copyable,
@@ -705,6 +708,17 @@ SLOT_DOWN_WARPS = (2, 4)
 # (``h200-kernels-stages-7c8dda6.json`` against ``h200-kernels-moe-37845a7.json``, 4 tokens
 # ``h200-kernels-moe-m512-fd9e9fb.json``; other calls).
 CHUNK_STAGES = (2, 4)
+
+
+def ring_stages(t: int) -> tuple[int, ...]:
+    """The unchunked ways' ring depths: the dense ring form's (``linear_mma_gluon``), 2 as well
+    from a 16-token tile. H200, Qwen3-30B's bank at 16 tokens, its served config (3 stages)
+    against the same with 2 stages in both halves, the depth a config sets for both
+    (``bench/probe_bank_stages.py``, ``h200-probe-bank-stages-442140c-t8.json``): 83.73 us
+    against 85.31."""
+    return WIDE_TILE_STAGES if t >= WIDE_TILE else UNCHUNKED_STAGES
+
+
 # Rows the ring forms are offered to; past them the grouped Triton form (``moe_fused``). Up to 16
 # first: past that the e2e band sweep found the packed bank a loss, which was ``moe_fused``'s, not
 # the ring's: Qwen3-30B's full step on the H200 at 24 and 32 rows took 15.2 and 17.6 ms packed
@@ -742,7 +756,7 @@ def configs(t: int, n: int, k: int) -> list[dict]:
     ``bench/results/h200-probe-moe-ring-down.json``, Qwen3-30B's bank at 1, 8 and 16 tokens):
     the gate_up per pair or grouped by expert (per pair won at 1 and 8 tokens, grouped at 16),
     one or two warps (32 or 64 ring rows; four were 3-19% off the best every time), three or
-    four stages. The down where the inter size is whole ring steps: the walk, 16 or 32 rows a
+    four stages, from 16 tokens two as well (``ring_stages``). The down where the inter size is whole ring steps: the walk, 16 or 32 rows a
     program (64 were 2-55% off), unsplit and split as ``linear_mma.split_ks`` offers for its
     programs (split 4 won at one token, unsplit at 8 and 16), and from 8 tokens on grouped by
     expert after the grouped gate_up (``DOWN_GROUPED``: 100.0 against the walk's best 106.5 us
@@ -778,7 +792,7 @@ def configs(t: int, n: int, k: int) -> list[dict]:
         {"GROUPED": grouped, "WARPS": warps, "STAGES": stages, **down}
         for grouped, down in ways
         for warps in (1, 2)
-        for stages in (3, 4)
+        for stages in ring_stages(t)
     ]
     if n % BLOCK_K == 0 and t <= SLOTS_UPTO:
         offered += [

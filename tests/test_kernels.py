@@ -1205,7 +1205,7 @@ def test_moe_kernel_matches_reference(t, weight_format, device):
 DECODE_EXPERT_CASES = [(moe_gemv_gluon, c) for c in moe_gemv_gluon.configs(1, 768, 2048)[::2]]
 # The ring form: every 3rd of its walk-down configs at one token (2 gate_up ways x 5 downs, each
 # with 4 warp and stage settings: each way, each setting), of its GEMV-down ones (an inter size
-# of 48, 2 x 2 ways: each of those), the grouped downs offered from 8 tokens on (all 8), and the
+# of 48, 2 x 2 ways: each of those), the grouped downs offered at 16 tokens (all 12), and the
 # grouped down after a per-pair gate_up at 32 rows, which the launcher takes and no config offers.
 _RING_WALK = [c for c in moe_ring_gluon.configs(1, 768, 2048) if "DOWN_SLOTS" not in c]  # slots: their own test
 DECODE_EXPERT_CASES += [(moe_ring_gluon, c) for c in _RING_WALK[::3] + moe_ring_gluon.configs(1, 48, 768)[::3]]
@@ -1357,7 +1357,9 @@ def test_ring_expert_down_walks_each_tokens_experts_on_the_folded_h(monkeypatch)
     for tokens in (1, 7, 8, 16):
         grouped_downs = [c for c in moe_ring_gluon.configs(tokens, 512, k) if "DOWN_GROUPED" in c]
         assert all(c["GROUPED"] for c in grouped_downs)
-        assert len(grouped_downs) == (8 if tokens >= moe_ring_gluon.DOWN_GROUPED_FROM else 0)
+        grouped = tokens >= moe_ring_gluon.DOWN_GROUPED_FROM  # gate_up warps x down warps x depths:
+        expected = 2 * len(moe_ring_gluon.GROUPED_DOWN_WARPS) * len(moe_ring_gluon.ring_stages(tokens))
+        assert len(grouped_downs) == (expected if grouped else 0)
         assert {c["DOWN_WARPS"] for c in grouped_downs} <= set(moe_ring_gluon.GROUPED_DOWN_WARPS)
     with pytest.raises(ValueError, match="inter size"):
         banks = _tuples(gu, dn)
@@ -1376,11 +1378,21 @@ def test_ring_expert_forms_offer_past_16_tokens_only_the_ways_that_won_there(mon
             offered = moe_ring_gluon.configs(tokens, n, k)
             ways = {(c["GROUPED"], "DOWN_GROUPED" in c, c.get("DOWN_SPLIT")) for c in offered}
             assert ways == {(1, True, None), (0, False, 1)}
-            assert len(offered) == 16 < len(timed)
+            assert len(offered) == 4 * 2 * len(moe_ring_gluon.ring_stages(tokens)) < len(timed)  # ways x warps x depths
             assert all(c in timed for c in offered), "each one of the ways timed at 16 tokens"
         assert moe_ring_gluon.configs(moe_ring_gluon.MAX_TOKENS + 1, n, k) == []
     gemv_down = moe_ring_gluon.configs(moe_ring_gluon.MAX_TOKENS, 48, 768)
     assert gemv_down == moe_ring_gluon.configs(moe_ring_gluon.TIMED_UPTO, 48, 768), "the GEMV downs as offered"
+
+
+def test_ring_expert_ways_offer_two_stage_rings_from_wide_token_tiles(monkeypatch):
+    """The unchunked ways' depths follow the dense ring form's: 3 and 4 below a 16-token tile, 2
+    as well from one (the chunked ways keep ``CHUNK_STAGES``)."""
+    monkeypatch.setattr(decode, "interpreted", lambda: False)  # what a compiled GPU is offered
+    for tokens, depths in ((1, {3, 4}), (8, {3, 4}), (15, {3, 4}), (16, {2, 3, 4}), (64, {2, 3, 4})):
+        offered = moe_ring_gluon.configs(tokens, 768, 2048)
+        assert {c["STAGES"] for c in offered if "CHUNKS" not in c} == depths
+        assert {c["STAGES"] for c in offered if "CHUNKS" in c} <= set(moe_ring_gluon.CHUNK_STAGES)
 
 
 def test_ring_expert_chunks_and_slots_are_offered_to_few_tokens_and_launched_without_partials(monkeypatch):
