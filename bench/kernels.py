@@ -49,6 +49,7 @@ MOE_SHAPES = [("qwen3-30b-a3b", 128, 8, 2048, 768), ("qwen3.5-35b-a3b", 256, 8, 
 MOE_TOKENS = [1, 4, 8, 16, 64, 256]
 
 DEFAULT_RESULTS = [  # the first run that has a measurement gives it
+    merge.RESULTS / "h200-kernels-bank-stages-c797099.json",  # both banks at 16 and 32, 2-stage rings offered there
     merge.RESULTS / "h200-kernels-experts-large-23ada83.json",  # the expert linears at 64-2048, narrow decode tiles
     merge.RESULTS / "h200-kernels-m64-128-16f57c4.json",  # every linear at 64 and 128, re-tuned (compile_ahead)
     merge.RESULTS / "h200-kernels-m32-17801e0.json",  # qkv, down and the expert linears at 32, re-tuned

@@ -14,6 +14,8 @@ from pathlib import Path
 from flashrt.bench import merge
 
 DEFAULT_RESULTS = [  # every arm with vLLM's merged projections, torch.compile's PDL from 0d80628 on
+    # c797099: every choice at 32 rows re-made (the tuning cache at 16f57c4), 2-stage bank rings from 16 rows
+    merge.RESULTS / "h200-e2e-llama-c797099-b32.json",
     # 99e436d: the unchunked ring forms offered 2 stages from 16-token tiles (WIDE_TILE_STAGES)
     merge.RESULTS / "h200-e2e-qwen3-99e436d-b8b16.json",  # 8 (cut before the seated 16)
     merge.RESULTS / "h200-e2e-qwen3-99e436d-b16.json",

@@ -715,7 +715,9 @@ def ring_stages(t: int) -> tuple[int, ...]:
     from a 16-token tile. H200, Qwen3-30B's bank at 16 tokens, its served config (3 stages)
     against the same with 2 stages in both halves, the depth a config sets for both
     (``bench/probe_bank_stages.py``, ``h200-probe-bank-stages-442140c-t8.json``): 83.73 us
-    against 85.31."""
+    against 85.31. Offered, the kernel benchmark's adjudicator took 2 for both banks at 16 and 32
+    tokens: Qwen3-30B's at 16 in 83.70 us against 86.94, Qwen3.5-35B's 71.74 against 74.57
+    (``h200-kernels-bank-stages-c797099.json`` against ``h200-kernels-moe-37845a7.json``)."""
     return WIDE_TILE_STAGES if t >= WIDE_TILE else UNCHUNKED_STAGES
 
 
