@@ -151,9 +151,10 @@ LAYOUTS = (ring_layout.CHECKPOINT, ring_layout.RING)
 
 def configs(m: int, n: int, k: int) -> list[dict]:
     """Two tile shapes of the decode pass (it is a copy: 8-16 KB of codes in, 32-64 KB out a
-    program), and a narrow one for weights that make few programs (``NARROW_TILE``), each decoding the whole weight where that copy stays under ``MAX_DECODED_BYTES``,
-    else in each ``SLAB_ROWS`` narrower than the weight whose buffer stays under
-    ``MAX_SLAB_BYTES``; only from ``MIN_ROWS`` rows, where the GEMM can hide the pass."""
+    program), and a narrow one for weights that make few programs (``NARROW_TILE``), each
+    decoding the whole weight where that copy stays under ``MAX_DECODED_BYTES``, else in each
+    ``SLAB_ROWS`` narrower than the weight whose buffer stays under ``MAX_SLAB_BYTES``; only
+    from ``MIN_ROWS`` rows, where the GEMM can hide the pass."""
     if m < MIN_ROWS or k % 16:
         return []
     if n * k * 2 <= MAX_DECODED_BYTES:

@@ -758,7 +758,8 @@ def configs(t: int, n: int, k: int) -> list[dict]:
     ``bench/results/h200-probe-moe-ring-down.json``, Qwen3-30B's bank at 1, 8 and 16 tokens):
     the gate_up per pair or grouped by expert (per pair won at 1 and 8 tokens, grouped at 16),
     one or two warps (32 or 64 ring rows; four were 3-19% off the best every time), three or
-    four stages, from 16 tokens two as well (``ring_stages``). The down where the inter size is whole ring steps: the walk, 16 or 32 rows a
+    four stages, from 16 tokens two as well (``ring_stages``). The down where the inter size is
+    whole ring steps: the walk, 16 or 32 rows a
     program (64 were 2-55% off), unsplit and split as ``linear_mma.split_ks`` offers for its
     programs (split 4 won at one token, unsplit at 8 and 16), and from 8 tokens on grouped by
     expert after the grouped gate_up (``DOWN_GROUPED``: 100.0 against the walk's best 106.5 us
