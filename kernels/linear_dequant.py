@@ -50,7 +50,10 @@ MAX_SLAB_BYTES = 32 << 20
 # benchmark's four expert-sized layers at 2048 tokens (``h200-kernels-experts-large-23ada83.json``
 # against ``h200-kernels-small-59aeccb.json`` and, for 2048 x 512, ``h200-kernels-experts-856a2cf.json``):
 # the adjudicator took it for all four and for three of them at 512 tokens, and at 2048 they ran
-# 0.79-0.85x bf16's speed in the same run against 0.67-0.80x with the wider tiles.
+# 0.79-0.85x bf16's speed in the same run against 0.67-0.80x with the wider tiles. An 8-row tile
+# (2 warps) beside it timed within 2% of it at those eight shapes and token counts (c51a8ec,
+# ``h200-kernels-experts-narrow-c51a8ec.json``'s adjudication: 24.43 us against 24.61 on the
+# 1536 x 2048 weight at 2048 tokens, 12.24 against 12.11 at 512): not offered.
 TILES = ({"BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4}, {"BLOCK_N": 32, "BLOCK_K": 1024, "num_warps": 8})
 NARROW_TILE = {"BLOCK_N": 16, "BLOCK_K": 256, "num_warps": 4}
 FEW_PROGRAMS = 4 * SMS
