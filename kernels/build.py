@@ -604,8 +604,9 @@ def pairwise(all_builds: Iterator[Build]) -> list[Build]:
     return chosen
 
 
-def compile_for(build: Build, arch: int):
-    """The compiled kernel (``.asm['cubin']``, ``.asm['ptx']``) for ``sm_<arch>``."""
+def compile_for(build: Build, arch: int, **options):
+    """The compiled kernel (``.asm['cubin']``, ``.asm['ptx']``) for ``sm_<arch>``; ``options``
+    Triton's besides the build's own (``ir_override``: from an edited PTX, as a probe launches it)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
@@ -623,7 +624,8 @@ def compile_for(build: Build, arch: int):
         src,
         target=GPUTarget("cuda", arch, 32),
         options={"num_warps": build.num_warps, "num_stages": build.num_stages}
-        | ({"maxnreg": build.maxnreg} if build.maxnreg else {}),
+        | ({"maxnreg": build.maxnreg} if build.maxnreg else {})
+        | options,
     )
 
 

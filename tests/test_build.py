@@ -164,3 +164,39 @@ print("built", triton.__version__)
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert ("built 3.6" in done.stdout) == (triton_path == "h200"), done.stdout
+
+
+def test_the_timeline_probe_s_ptx_edit_builds_for_sm_90_with_the_h200_s_triton():
+    """``bench/probe_timeline.py`` launches the ring form from its own PTX with each program's
+    clocks recorded: the edit must assemble where the probe runs (the H200's Triton, sm_90a),
+    for a chunked and a split config, with one record before every exit and a first-data clock
+    after every ring wait."""
+    code = """
+import tempfile
+from flashrt.bench import probe_timeline as pt
+from flashrt.kernels import build
+
+covering = [b for b in build.pairwise(build.builds()) if b.name == "linear_mma_gluon"]
+chosen = [next(b for b in covering if b.constexprs[setting] > 1) for setting in ("CHUNKS", "SPLIT_K")]
+for b in chosen:
+    ptx = build.compile_for(b, 90).asm["ptx"]
+    param = pt.bias_param(ptx)
+    assert param.endswith("_param_4"), param
+    edited = pt.with_timeline(ptx, param)
+    exits, waits = ptx.count("ret;"), ptx.count("cp.async.wait_group")
+    assert exits and waits and edited.count("%globaltimer") == 1 + exits, b.constexprs
+    assert edited.count("@%ptl1 mov.u64") == waits and edited.count("st.global.u64") == 6 * exits, b.constexprs
+    path = tempfile.mkdtemp() + "/edited.ptx"
+    with open(path, "w") as f:
+        f.write(edited)
+    k = build.compile_for(b, 90, ir_override=path)
+    assert k.asm["cubin"] and "%globaltimer" in k.asm["ptx"], b.constexprs
+print("assembled", len(chosen))
+"""
+    env = compile_env()
+    installed = sorted(H200_TRITON.glob("triton-*.dist-info"))
+    assert installed, f"no Triton in {H200_TRITON}: run make test (the Makefile's H200_TRITON)"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(H200_TRITON), env.get("PYTHONPATH")) if p)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "assembled 2" in done.stdout
