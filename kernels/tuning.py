@@ -90,7 +90,8 @@ def adjudicate(outcomes: list[Outcome], parity_floor: float = PARITY_FLOOR, marg
 
 def compile_ahead(launches: Iterable[Callable[[], object]], workers: int | None = None) -> int:
     """Compile every Triton kernel the ``launches`` would compile, on ``workers`` threads (default:
-    one a core), and return how many were compiled.
+    one for each core this process may run on, ``os.sched_getaffinity``: a pod's cpuset can hold
+    fewer than the node's ``os.cpu_count()``), and return how many were compiled.
 
     Each launch runs once in this thread with Triton's compiles recorded instead of done: a kernel
     not yet compiled is neither compiled nor launched (its outputs are left as they were), one
@@ -131,7 +132,8 @@ def compile_ahead(launches: Iterable[Callable[[], object]], workers: int | None 
         knobs.runtime.jit_cache_hook = chained
     if not jobs:
         return 0
-    pool = ThreadPoolExecutor(min(len(jobs), workers or os.cpu_count() or 1))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    pool = ThreadPoolExecutor(min(len(jobs), workers or cores))
     with pool, AsyncCompileMode(pool, ignore_errors=True):
         for fn, specialization in jobs.values():
             with contextlib.suppress(Exception):
