@@ -19,6 +19,7 @@ timeline (the kernel alone is).
 ``python3 bench/probe_timeline.py OUT.json`` with flashrt importable (``bench/gpu_run.sh``).
 """
 
+import collections
 import functools
 import itertools
 import json
@@ -129,36 +130,39 @@ class Recorded:
         return launch
 
 
+def _quantile(ordered: list, q: float):
+    """The value a fraction ``q`` of the way along ``ordered`` (sorted), 1 the last."""
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
 def summary(records: torch.Tensor) -> dict:
     """A call's timeline in microseconds (``records``: int64 ``[programs, 6]``, ``FIELDS``)."""
     g_in, g_out, c_in, c_first, c_out, sm = (records[:, i].tolist() for i in range(6))
     t0 = min(g_in)
-    starts = sorted(g - t0 for g in g_in)
-    ends = sorted(g - t0 for g in g_out)
+    starts = sorted((g - t0) / 1e3 for g in g_in)
+    ends = sorted((g - t0) / 1e3 for g in g_out)
     long = [(co - ci) / (go - gi) for ci, co, gi, go in zip(c_in, c_out, g_in, g_out, strict=True) if go - gi > 2000]
     ghz = statistics.median(long) if long else None
-    per_sm: dict[int, int] = {}
-    for s in sm:
-        per_sm[s] = per_sm.get(s, 0) + 1
+    per_sm = collections.Counter(sm)
 
     def us(cycles: list[int]) -> dict:
         ordered = sorted(cycles)
-        pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))] / ghz / 1e3 if ghz else None  # noqa: E731
-        return {"p10": pick(0.1), "p50": pick(0.5), "p90": pick(0.9), "max": pick(1.0)}
+        at = {"p10": 0.1, "p50": 0.5, "p90": 0.9, "max": 1.0}
+        return {key: _quantile(ordered, q) / ghz / 1e3 if ghz else None for key, q in at.items()}
 
     return {
         "programs": len(g_in),
-        "span_us": (ends[-1]) / 1e3,
-        "starts_us": {"p50": starts[len(starts) // 2] / 1e3, "p90": starts[len(starts) * 9 // 10] / 1e3},
-        "ends_us": {"first": ends[0] / 1e3, "p50": ends[len(ends) // 2] / 1e3, "last": ends[-1] / 1e3},
-        "tail_us": (ends[-1] - ends[len(ends) // 2]) / 1e3,
+        "span_us": ends[-1],
+        "starts_us": {"p50": _quantile(starts, 0.5), "p90": _quantile(starts, 0.9)},
+        "ends_us": {"first": ends[0], "p50": _quantile(ends, 0.5), "last": ends[-1]},
+        "tail_us": ends[-1] - _quantile(ends, 0.5),
         "sm_ghz": ghz,
         "ramp_us": us([f - i for f, i in zip(c_first, c_in, strict=True)]),
         "body_us": us([o - f for o, f in zip(c_out, c_first, strict=True)]),
         "program_us": us([o - i for o, i in zip(c_out, c_in, strict=True)]),
         "sms": len(per_sm),
         "programs_per_sm": {"min": min(per_sm.values()), "max": max(per_sm.values())},
-        "globaltimer_step_ns": min((b - a for a, b in itertools.pairwise(starts) if b > a), default=None),
+        "globaltimer_step_ns": min((1e3 * (b - a) for a, b in itertools.pairwise(starts) if b > a), default=None),
     }
 
 
