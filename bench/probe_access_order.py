@@ -31,7 +31,12 @@ from flashrt.bench.timing import copy_bandwidth_tbps
 from flashrt.kernels import ops
 
 # (layer, rows, row bytes): Llama-3-8B's qkv, gate_up and down, Qwen3-30B's qkv, as NVFP4 words.
-SHAPES = (("llama_qkv", 6144, 2048), ("llama_gate_up", 28672, 2048), ("llama_down", 4096, 7168), ("qwen3_qkv", 5120, 1024))
+SHAPES = (
+    ("llama_qkv", 6144, 2048),
+    ("llama_gate_up", 28672, 2048),
+    ("llama_down", 4096, 7168),
+    ("qwen3_qkv", 5120, 1024),
+)
 ORDERS = ("rows", "tiled")
 STEP_BYTES = (128, 256, 512)
 ROWS = (32, 64)
