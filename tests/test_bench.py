@@ -44,6 +44,18 @@ def test_decode_step_computes_what_a_full_forward_computes(kind, device):
     assert torch.equal(run.token, tokens[0]) and int(run.position) == e2e.PROMPT
 
 
+@pytest.mark.parametrize("vocab", [512, 1000, 151936])
+def test_greedy_picks_argmax_s_token_ties_and_all(vocab):
+    """The step's two-pass selection is ``argmax``: the first of tied largest logits, within a
+    part and across parts, at vocabularies whose parts do and do not come in 128 (1000: 8 of 125)."""
+    logits = torch.randint(-50, 50, (6, vocab)).float()
+    logits[1, [7, vocab - 3]] = 99.0  # tied across parts
+    logits[2, [vocab // 2, vocab // 2 + 1]] = 99.0  # tied within a part
+    logits[3] = 5.0  # every logit tied
+    assert torch.equal(e2e.greedy(logits), logits.argmax(-1, keepdim=True))
+    assert torch.equal(e2e.greedy(logits.bfloat16()), logits.bfloat16().argmax(-1, keepdim=True))
+
+
 def _symbolic_inputs(graph: torch.fx.GraphModule) -> list[str]:
     """The graph's inputs that are symbolic sizes or have one."""
     values = {node.name: node.meta.get("example_value") for node in graph.graph.nodes if node.op == "placeholder"}
