@@ -58,8 +58,6 @@ _ALIGNED_INTS = {
 }
 # Token counts whose configs span every BLOCK_M a form can choose.
 _TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 512, 2048)
-# Rows the ring form offers every config for (its one-warp tiles too: ``linear_mma_gluon.ONE_WARP_UNDER``).
-_FEW_ROWS = 2048
 
 _LINEAR_SIG = {
     "x_ptr": "*bf16",
@@ -429,7 +427,7 @@ def builds() -> Iterator[Build]:
             sig = _with_constexprs(_GEMV_GLUON_SIG, consts)
             warps = cfg["WARPS_N"] * cfg["WARPS_K"]
             yield from unique(Build("linear_gemv_gluon", fn, sig, consts, warps, 1))
-        for cfg, layout in product(linear_mma_gluon.configs(m, _FEW_ROWS, 4096), linear_mma_gluon.LAYOUTS):
+        for cfg, layout in product(linear_mma_gluon.configs(m, 4096, 4096), linear_mma_gluon.LAYOUTS):
             for fold, pdl in product(_folds(cfg), (False, True)):
                 consts = {"HAS_BIAS": False, "CHUNKS": 1, "LAYOUT": layout, "FOLD": fold, "PDL": pdl} | cfg
                 consts |= _one_token(m)

@@ -63,7 +63,7 @@ import torch
 import triton
 from flashrt.kernels import ring_layout
 from flashrt.kernels.decode import launch_pdl, placed_pairs, shift_ptx
-from flashrt.kernels.linear_mma import SMS, reduce_splits, split_ks, split_target
+from flashrt.kernels.linear_mma import reduce_splits, split_ks, split_target
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
@@ -888,13 +888,6 @@ CHUNK_STAGES = (2, 4)
 UNCHUNKED_STAGES = (3, 4)
 WIDE_TILE_STAGES = (2, *UNCHUNKED_STAGES)
 WIDE_TILE = 16
-# Warps a program: 2 or 4 (32-128 rows), and 1 (16 rows) where the 2-warp tiles leave more than
-# half the SMs without a program. H200, int4 tinygemm against this form's best at one token
-# (``h200-kernels-experts-16f57c4.json``): Qwen3-30B's expert-sized down, 2048 x 768 (3 steps:
-# no chunks, no split), 2.46 us against 3.50, its 64 programs of 32 rows walking 3 steps each
-# where tinygemm spreads the same bytes over every SM.
-WARPS = (2, 4)
-ONE_WARP_UNDER = SMS // 2
 MAX_TOKENS = 128  # from here on the tensor-core forms with larger tiles (mma, dequant) win
 # The weight's bits as the checkpoint has them, or in ``ring_layout``: its decode in 15
 # instructions a word instead of 19 and no activation PRMTs (H200, ``bench/probe_ring_layout.py``).
@@ -917,8 +910,11 @@ def configs(m: int, n: int, k: int) -> list[dict]:
     what bounds how many programs share an SM (H200, one token, best config against the same
     configs with an 8-token ring: gate_up 28.8 against 30.2 us, the LM head 58.0 against 60.9;
     within 2% at 2 and 4 tokens). ROW_TILES 1-2 row tiles of 16 a warp, 2 or 4 warps: a program
-    is 32-128 rows, small enough that a 4096-row layer still makes programs for every SM; one
-    warp as well where that leaves most SMs idle (``ONE_WARP_UNDER``).
+    is 32-128 rows, small enough that a 4096-row layer still makes programs for every SM. One
+    warp (16 rows) where 32-row programs leave most SMs idle gained nothing: H200, the expert-sized
+    linears at 1-64 tokens with it offered (ff0ca03, ``h200-kernels-one-warp-ff0ca03.json``) won 3
+    of 28 rows, each within 2% of the best without it, and Qwen3-30B's 2048 x 768 down at one
+    token stayed at 3.42 us (int4 tinygemm 2.64).
     ``UNCHUNKED_STAGES`` 3-4, from 16-token tiles 2-4 (``WIDE_TILE_STAGES``). Where the tiles
     make too few programs, ``linear_mma.split_ks`` variants that reach it (each split at
     least two steps): H200, the 4096 x 14336 down projection at 1-8 tokens in 18 us split in 4,
@@ -936,7 +932,7 @@ def configs(m: int, n: int, k: int) -> list[dict]:
     block_m = next(bm for bm in (1, 2, 4, 8, 16, 32, 64) if bm >= min(m, 64))
     out = []
     for tiles in (1, 2):
-        for warps in _warps(triton.cdiv(n, 32) * triton.cdiv(m, block_m)) if tiles == 1 else WARPS:
+        for warps in (2, 4):
             for stages in WIDE_TILE_STAGES if block_m >= WIDE_TILE else UNCHUNKED_STAGES:
                 base = {"BLOCK_M": block_m, "ROW_TILES": tiles, "WARPS": warps, "STAGES": stages}
                 if ring_bytes(base) > RING_BYTES:
@@ -950,12 +946,7 @@ def configs(m: int, n: int, k: int) -> list[dict]:
             out += [
                 {"BLOCK_M": lanes, "ROW_TILES": tiles, "WARPS": warps, "STAGES": stages, "CHUNKS": chunks}
                 for tiles in (1, 2)
-                for warps in (_warps(triton.cdiv(chunks * n, 32)) if tiles == 1 else WARPS)
+                for warps in (2, 4)
                 for stages in CHUNK_STAGES
             ]
     return out
-
-
-def _warps(programs: int) -> tuple[int, ...]:
-    """The warps a one-row-tile program is offered, given the ``programs`` its 2-warp tile makes."""
-    return (1, *WARPS) if programs < ONE_WARP_UNDER else WARPS

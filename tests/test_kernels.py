@@ -285,27 +285,6 @@ def test_mma_gluon_ring_and_splits_cover_every_step_once(m, k, split, stages, bl
     assert (out.double() - ref.double()).norm() / ref.double().norm() < 1e-2
 
 
-@pytest.mark.skipif(not ON_GPU, reason="Gluon has no interpreter: CI builds it and checks its decoder")
-@pytest.mark.parametrize(
-    ("m", "k", "split", "stages", "block_m"), [(1, 768, 1, 4, 1), (3, 2048, 4, 3, 4), (16, 768, 1, 2, 16)]
-)
-def test_mma_gluon_one_warp_tiles_cover_every_row(m, k, split, stages, block_m, device):
-    """16-row programs (``WARPS=1``, offered under ``ONE_WARP_UNDER`` programs): rows past N
-    (1000 in 63 tiles), every step primed (3 steps, 4 stages), a split, a 16-token tile."""
-    n = 1000
-    q = nvfp4.quantize(torch.randn(n, k, dtype=torch.bfloat16, device=device))
-    x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
-    bias = torch.randn(n, dtype=torch.bfloat16, device=device)
-    config = {"BLOCK_M": block_m, "ROW_TILES": 1, "WARPS": 1, "STAGES": stages, "SPLIT_K": split}
-    for layout in linear_mma_gluon.LAYOUTS:
-        w = ring_layout.pack(q.packed) if layout == ring_layout.RING else q.packed
-        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
-        linear_mma_gluon.launch(x, w, q.scales, q.global_scale, bias, out, config | {"LAYOUT": layout}, False)
-        ref = ops.linear_reference(x, q, bias)
-        assert not out.isnan().any()
-        assert (out.double() - ref.double()).norm() / ref.double().norm() < 1e-2
-
-
 @pytest.mark.skipif(not ON_GPU, reason="compiles for the device it launches on")
 def test_compile_ahead_builds_every_candidate_without_launching_one(device):
     """What the adjudicator does before it times a shape's candidates: each candidate's launch
@@ -777,24 +756,6 @@ def test_mma_gluon_offers_two_stage_rings_from_wide_token_tiles(monkeypatch):
     for m in (9, 16, 64):
         assert depths(m, False) == set(linear_mma_gluon.WIDE_TILE_STAGES) == {2, 3, 4}, m
     assert depths(16, True) == {2, 3, 4}
-
-
-def test_mma_gluon_offers_one_warp_tiles_where_two_leave_most_sms_idle(monkeypatch):
-    """One-warp (16-row) programs only where 32-row ones number under ``ONE_WARP_UNDER``: Qwen3's
-    expert-sized down (2048 rows, 64 programs) and attention output (2048 x 4096), never
-    Llama's 4096-row layers; chunked rows count their chunks (4096 programs at 2048 x 2 chunks)."""
-    monkeypatch.setattr(decode, "interpreted", lambda: False)
-
-    def warps(m, n, k, chunked):
-        return {c["WARPS"] for c in linear_mma_gluon.configs(m, n, k) if ("CHUNKS" in c) == chunked}
-
-    assert warps(1, 2048, 768, False) == warps(64, 2048, 768, False) == {1, 2, 4}
-    assert warps(1, 2048, 4096, False) == {1, 2, 4} and warps(1, 2048, 4096, True) == {2, 4}
-    assert warps(1, 4096, 4096, False) == warps(1, 4096, 14336, False) == {2, 4}
-    assert warps(65, 2048, 768, False) == {2, 4}, "two 64-token tiles: 128 programs"
-    assert all(c["ROW_TILES"] == 1 for c in linear_mma_gluon.configs(1, 2048, 768) if c["WARPS"] == 1), (
-        "a 2-tile program of one warp is the 1-tile program of two"
-    )
 
 
 def test_mma_gluon_chunks_are_offered_to_few_tokens_and_launched_as_rows_and_lanes(monkeypatch, device):
