@@ -389,12 +389,14 @@ def batch_program(model, compile_model: bool, backend: str = "inductor"):
     return torch.compile(model, dynamic=False, backend=backend)
 
 
-def measure(model, compile_model: bool, prompt: torch.Tensor, profile_kinds: bool = False) -> dict:
-    """Prefill time, first-step logits and decode tokens/s at ``prompt``'s batch.
+def measure(model, compile_model: bool, prompt: torch.Tensor, profile_kinds: bool = False, select=None) -> dict:
+    """Prefill time, first-step logits and decode tokens/s at ``prompt``'s batch; ``select`` the
+    greedy selection (``select_program``'s by default).
 
     Prefill and the decode step are each captured in a CUDA graph, so both arms are timed on
     the device alone: eager launches would add each arm's host dispatch to its figure."""
-    run = DecodeRun(model, batch_program(model, compile_model), prompt, select_program(compile_model))
+    program = batch_program(model, compile_model)
+    run = DecodeRun(model, program, prompt, select or select_program(compile_model))
     with torch.no_grad():
         logits = run.prefill()  # first calls of every shape (adjudication, tuning) outside capture
         warm_start = time.perf_counter()
