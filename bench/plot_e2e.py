@@ -14,6 +14,12 @@ from pathlib import Path
 from flashrt.bench import merge
 
 DEFAULT_RESULTS = [  # every arm with vLLM's merged projections, torch.compile's PDL from 0d80628 on
+    # afb0251/3e935d0: the step's greedy selection in two passes, compiled (e2e.greedy): torch's eager
+    # argmax had cost the bf16 graph 0.30 ms a step at batch 1 (bench/probe_greedy.py)
+    merge.RESULTS / "h200-e2e-llama-afb0251-b1.json",  # profiled
+    merge.RESULTS / "h200-e2e-qwen3-afb0251-b1.json",  # profiled (its band sweep cut at 32)
+    merge.RESULTS / "h200-e2e-llama-3e935d0-b8.json",
+    merge.RESULTS / "h200-e2e-qwen3-3e935d0-b8.json",
     # c797099: every choice at 32 rows re-made (the tuning cache at 16f57c4), 2-stage bank rings from 16 rows
     merge.RESULTS / "h200-e2e-llama-c797099-b32.json",
     # 99e436d: the unchunked ring forms offered 2 stages from 16-token tiles (WIDE_TILE_STAGES)

@@ -17,6 +17,13 @@ runs after half its programs have ended (its tail). A split launch's reduce is n
 timeline (the kernel alone is).
 
 ``python3 bench/probe_timeline.py OUT.json`` with flashrt importable (``bench/gpu_run.sh``).
+
+H200 at 4f2ba29 (``h200-probe-timeline-4f2ba29.json``, docs/benchmarks.md, session 44): where a
+launch fits the GPU every program starts within 0.13 us; a program waits 1.3-2.0 us (median) for
+its first ring step, behind every program's first requests; the last end about 1 us after the
+median one; the span 0.8-1.7 us under the served time (the launch). The edit's registers put
+gate_up's 1792 programs in two waves (the served kernel's 68 registers fit them in one), so its
+timeline is the edited kernel's only.
 """
 
 import collections
