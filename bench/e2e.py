@@ -298,7 +298,9 @@ def greedy(logits: torch.Tensor) -> torch.Tensor:
     then the first part holding the largest. torch's ``argmax`` over a batch-1 vocabulary is one
     block of a reduction, and inductor does not split an arg reduction: on the H200 it took 28.6 us
     of Llama-3-8B's seated 2.07 ms step and 35.0 of bf16's (2dc168a, the step's kernel profiles),
-    where a serving engine's sampler takes a few."""
+    where a serving engine's sampler takes a few, and it held the bf16 graph's launches up besides:
+    Qwen3-30B's bf16 step at batch 1 took 3.946 ms with it and 3.648 with this, the seated one
+    2.092 and 2.081 (3e935d0, ``bench/probe_greedy.py``)."""
     batch, vocab = logits.shape
     parts = math.gcd(vocab, GREEDY_PARTS)
     best, at = logits.reshape(batch, parts, vocab // parts).max(-1)
@@ -395,7 +397,7 @@ def measure(model, compile_model: bool, prompt: torch.Tensor, profile_kinds: boo
 
     Prefill and the decode step are each captured in a CUDA graph, so both arms are timed on
     the device alone: eager launches would add each arm's host dispatch to its figure."""
-    program = batch_program(model, compile_model)
+    program = batch_program(model, compile_model)  # resets dynamo: the selection is compiled after it
     run = DecodeRun(model, program, prompt, select or select_program(compile_model))
     with torch.no_grad():
         logits = run.prefill()  # first calls of every shape (adjudication, tuning) outside capture

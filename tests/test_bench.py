@@ -44,16 +44,19 @@ def test_decode_step_computes_what_a_full_forward_computes(kind, device):
     assert torch.equal(run.token, tokens[0]) and int(run.position) == e2e.PROMPT
 
 
+@pytest.mark.parametrize("compiled", [False, True])
 @pytest.mark.parametrize("vocab", [512, 1000, 151936])
-def test_greedy_picks_argmax_s_token_ties_and_all(vocab):
+def test_greedy_picks_argmax_s_token_ties_and_all(vocab, compiled):
     """The step's two-pass selection is ``argmax``: the first of tied largest logits, within a
-    part and across parts, at vocabularies whose parts do and do not come in 128 (1000: 8 of 125)."""
+    part and across parts, at vocabularies whose parts do and do not come in 128 (1000: 8 of 125),
+    as it runs and as inductor compiles it for the step."""
+    select = e2e.select_program(compiled)
     logits = torch.randint(-50, 50, (6, vocab)).float()
     logits[1, [7, vocab - 3]] = 99.0  # tied across parts
     logits[2, [vocab // 2, vocab // 2 + 1]] = 99.0  # tied within a part
     logits[3] = 5.0  # every logit tied
-    assert torch.equal(e2e.greedy(logits), logits.argmax(-1, keepdim=True))
-    assert torch.equal(e2e.greedy(logits.bfloat16()), logits.bfloat16().argmax(-1, keepdim=True))
+    assert torch.equal(select(logits), logits.argmax(-1, keepdim=True))
+    assert torch.equal(select(logits.bfloat16()), logits.bfloat16().argmax(-1, keepdim=True))
 
 
 def _symbolic_inputs(graph: torch.fx.GraphModule) -> list[str]:
