@@ -439,6 +439,42 @@ def test_the_host_bench_times_every_arm_and_writes_its_provenance(tmp_path, caps
     assert "through both ops" in capsys.readouterr().out
 
 
+def test_gaps_are_summed_by_the_kernel_launched_before_them():
+    """Two steps of four launches: the idle before each, summed a step by (kernel before, kernel),
+    ranked by idle; a pair that never waited is left out, and so is every pair past ``top``."""
+    step = [("norm", 0.2), ("router", 0.5), ("gate_up", 0.4), ("down", 0.0)]
+    gaps = e2e.gaps_by_predecessor(step + step, replays=2)
+    assert gaps == [
+        {"after": "norm", "kernel": "router", "calls_per_step": 1.0, "idle_before_us_per_step": 0.5},
+        {"after": "router", "kernel": "gate_up", "calls_per_step": 1.0, "idle_before_us_per_step": 0.4},
+        {"after": "down", "kernel": "norm", "calls_per_step": 0.5, "idle_before_us_per_step": 0.1},
+    ]
+    assert [g["kernel"] for g in e2e.gaps_by_predecessor(step + step, replays=2, top=1)] == ["router"]
+
+
+def test_the_step_profile_ranks_kernels_and_the_gaps_before_them(monkeypatch):
+    """``_kernel_breakdown`` over what the profiler saw (events out of start order, as it may list
+    them): each kernel's time, launches and idle a step, and the idle by the kernel before it."""
+    from types import SimpleNamespace
+
+    def event(name, start, end):
+        return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end), device_time=end - start)
+
+    events = [event("gate_up", 8.0, 20.0), event("norm", 0.0, 2.0), event("router", 3.0, 7.0)]
+    monkeypatch.setattr(e2e, "replayed_kernels", lambda graph, replays: [
+        (e, idle, overlap) for e, (idle, overlap) in zip(
+            events, e2e.idle_and_overlap([(e.time_range.start, e.time_range.end) for e in events]), strict=True
+        )
+    ])  # fmt: skip
+    kernels, gaps = e2e._kernel_breakdown(None, replays=1)
+    assert [k["kernel"] for k in kernels] == ["gate_up", "router", "norm", "all"]
+    assert kernels[0]["idle_before_us_per_step"] == 1.0 and kernels[-1]["idle_us_per_step"] == 2.0
+    assert gaps == [
+        {"after": "norm", "kernel": "router", "calls_per_step": 1.0, "idle_before_us_per_step": 1.0},
+        {"after": "router", "kernel": "gate_up", "calls_per_step": 1.0, "idle_before_us_per_step": 1.0},
+    ]
+
+
 def test_idle_counts_only_time_no_kernel_ran_and_overlap_only_time_an_earlier_one_ran():
     """Two kernels overlapping (a PDL launch), a 3 us gap, one kernel inside another, in any
     order: idle before each, and the part of each that an earlier-started kernel shared."""
