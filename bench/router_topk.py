@@ -25,10 +25,18 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from flashrt.kernels.decode import launch_pdl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 # As vLLM's GateLinear: its own GEMM up to 16 tokens, cuBLAS past them.
 LOGITS_MAX_TOKENS = 16
 EXPERTS_A_PROGRAM = 2
+# Both kernels launched with PDL (``decode.launch_pdl``): each waits for the kernel before it, then
+# lets the next one start, as the decode attention's do. In Qwen3-30B's seated step at batch 1 the
+# two waited 0.45 us each for their launch, between PDL launches (afb0251), and a graph pays for
+# each change between PDL and plain launches (``bench/probe_launch_gaps.py``: 0.61 us a launch all
+# with PDL, 1.10 alternating). Off until measured end to end, in both arms.
+PDL_LAUNCH: bool | None = False
 
 
 @triton.jit
@@ -43,9 +51,13 @@ def router_logits_kernel(
     stride_om,
     BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """``out[m, e] = x[m] . weight[e]`` for token ``m`` (program axis 1) and the program's
     ``BLOCK_E`` experts, whole rows (``BLOCK_K >= K``), summed in fp32."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     experts = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     m = tl.program_id(1)
     k = tl.arange(0, BLOCK_K)
@@ -65,6 +77,7 @@ def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     out = torch.empty(tokens, experts, dtype=x.dtype, device=x.device)
     if tokens:
         block_k = triton.next_power_of_2(k)
+        pdl = launch_pdl(PDL_LAUNCH)
         router_logits_kernel[(triton.cdiv(experts, EXPERTS_A_PROGRAM), tokens)](
             x,
             weight,
@@ -76,7 +89,9 @@ def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
             out.stride(0),
             BLOCK_E=EXPERTS_A_PROGRAM,
             BLOCK_K=block_k,
+            PDL=pdl,
             num_warps=min(16, max(4, block_k // 512)),  # 16 fp32 weights a thread
+            launch_pdl=pdl,
         )
     return out
 
@@ -97,10 +112,14 @@ def router_topk_kernel(
     TOP_K_POW2: tl.constexpr,
     E_POW2: tl.constexpr,
     RENORMALIZE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """``weights[t], ids[t]``: token t's ``TOP_K`` largest softmax probabilities over its E
     logits, largest first (ties to the lower expert), divided by their sum when
     ``RENORMALIZE``."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     token = tl.program_id(0)
     experts = tl.arange(0, E_POW2)
     logits = tl.load(logits_ptr + token * stride_lm + experts, mask=experts < E, other=float("-inf"))
@@ -131,6 +150,7 @@ def router_topk(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[to
     weights = torch.empty(tokens, top_k, dtype=logits.dtype, device=logits.device)
     ids = torch.empty(tokens, top_k, dtype=torch.int64, device=logits.device)
     if tokens:
+        pdl = launch_pdl(PDL_LAUNCH)
         router_topk_kernel[(tokens,)](
             logits,
             weights,
@@ -141,7 +161,9 @@ def router_topk(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[to
             TOP_K_POW2=triton.next_power_of_2(top_k),
             E_POW2=triton.next_power_of_2(experts),
             RENORMALIZE=renormalize,
+            PDL=pdl,
             num_warps=1,
+            launch_pdl=pdl,
         )
     return weights, ids
 

@@ -521,10 +521,11 @@ def builds() -> Iterator[Build]:
             consts = {"BLOCK_M": block_m, "E_POW2": 128, "WARPS": cfg["WARPS"], "STAGES": cfg["STAGES"]}
             consts |= {"FOLD_DOWN": ring_down, "CHUNKS": cfg.get("CHUNKS", 1), "LAYOUT": layout}
             for pdl in (False, True) if ring_down else (False,):  # the gate_up lets a PDL ring down start
-                gate_up = consts | {"TRIGGER": pdl}
-                fn = moe_ring_gluon.moe_gate_up_ring_kernel
-                sig = _with_constexprs(_MOE_GATE_UP_RING_SIG, gate_up)
-                yield from unique(Build("moe_gate_up_ring", fn, sig, gate_up, cfg["WARPS"], 1))
+                for waits in (False, True):  # launched with PDL itself (PDL_GATE_UP)
+                    gate_up = consts | {"TRIGGER": pdl, "PDL": waits}
+                    fn = moe_ring_gluon.moe_gate_up_ring_kernel
+                    sig = _with_constexprs(_MOE_GATE_UP_RING_SIG, gate_up)
+                    yield from unique(Build("moe_gate_up_ring", fn, sig, gate_up, cfg["WARPS"], 1))
                 stages = moe_ring_gluon.down_stages(cfg)
                 if "DOWN_SLOTS" in cfg:
                     down = {"SLOTS": 8, "WARPS": cfg["DOWN_WARPS"], "STAGES": stages, "LAYOUT": layout}

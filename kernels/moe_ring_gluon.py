@@ -78,6 +78,7 @@ from flashrt.kernels.linear_mma_gluon import (
 )
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.language.extra.cuda import gdc_wait
 
 
 @gluon.jit
@@ -154,12 +155,14 @@ def moe_gate_up_ring_kernel(
     CHUNKS: gl.constexpr,
     LAYOUT: gl.constexpr,
     TRIGGER: gl.constexpr,
+    PDL: gl.constexpr = False,
 ):
     """``h[pair, rows] = silu(gate_e @ x_t) * (up_e @ x_t)``, e and t the pair's expert and token;
     weight words and scale words (int32) by expert, row. ``BLOCK_M == 1``: one program a pair
     (``topk_ids``). Else grouped: one program a ``BLOCK_M``-row tile of ``moe_fused.group_pairs``'
     layout, the pairs of one expert, which it reads once for all of them; past the last run a
-    program has no steps and stores nothing. ``FOLD_DOWN``: each pair's row of h times its
+    program has no steps and stores nothing. ``PDL`` (``PDL_GATE_UP``): launched with PDL, it
+    waits for the kernel before it (the routing) before it reads anything. ``FOLD_DOWN``: each pair's row of h times its
     routing weight and its expert's down global scale, what the ring downs sum as they are (a
     global scale of 0, an expert a checkpoint pruned, then adds nothing). ``CHUNKS > 1`` (one
     program a pair): the rows cut in chunks of K as ``linear_mma_gluon``'s, chunk c of the
@@ -174,6 +177,8 @@ def moe_gate_up_ring_kernel(
     WORDS_COPY: gl.constexpr = words_copy_layout(WARPS)
     ACTS_COPY: gl.constexpr = acts_copy_layout(WARPS)
 
+    if PDL:
+        gdc_wait()
     pid_n, pid_m = gl.program_id(0), gl.program_id(1)
     xr = gl.arange(0, 4 * RING_M, layout=gl.SliceLayout(1, ACTS_COPY))
     xc = gl.arange(0, 8 * V, layout=gl.SliceLayout(0, ACTS_COPY))
@@ -514,6 +519,7 @@ def launch(
         )
     chunk_words = words_per_chunk(k, chunks)
     pdl = ring_down and launch_pdl(PDL_DOWN)
+    gate_up_pdl = launch_pdl(PDL_GATE_UP)
     moe_gate_up_ring_kernel[(triton.cdiv(n, 16 * config["WARPS"] // chunks), tiles)](
         hidden,
         words,
@@ -544,7 +550,9 @@ def launch(
         CHUNKS=chunks,
         LAYOUT=layout,
         TRIGGER=pdl,
+        PDL=gate_up_pdl,
         num_warps=config["WARPS"],
+        launch_pdl=gate_up_pdl,
     )
     if ring_down:
         return launch_down(h, down, topk_ids, out, config, g, pdl)
@@ -675,6 +683,12 @@ def launch_down(
 # torch.compile's PDL it is launched so (``None``, as ``linear_mma_gluon.PDL_LAUNCH``): Qwen3-30B
 # at one token 1.70x bf16 with both, as without (0d80628, ``h200-e2e-qwen3-0d80628-pdl-b1.json``).
 PDL_DOWN: bool | None = None
+# The gate_up launched with PDL too, waiting for the routing before it reads anything: a graph
+# whose launches mix PDL and plain ones pays for each change of kind. H200, graphs of 256
+# dependent one-program launches (``bench/probe_launch_gaps.py``, ``h200-probe-launch-gaps-45c1956.json``):
+# 0.61 us a launch all with PDL, 0.75-0.92 all without, 1.10 alternating; Qwen3-30B's seated step
+# at batch 1 waited 0.45 us before its gate_up (afb0251). Off until measured end to end.
+PDL_GATE_UP: bool | None = False
 # The walk configs assume: a top-8 bank's down walks 8 experts, so splits keep two steps each
 # (fewer experts: a split past the walk stores zeros, which the reduce adds).
 WALK_EXPERTS = 8

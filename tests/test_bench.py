@@ -237,6 +237,38 @@ def test_fused_router_takes_its_own_gemm_up_to_16_tokens(monkeypatch, device):
     assert calls == [1, 16]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="PDL launches need a GPU")
+def test_routers_launched_with_pdl_give_every_bit_they_give_without(monkeypatch):
+    """``router_topk.PDL_LAUNCH``: the logits GEMM and the top-k, each waiting for the kernel
+    before it, on fresh hidden states back to back, eagerly and replayed in a CUDA graph: bit for
+    bit what they give launched plainly."""
+    from flashrt.bench import router_topk
+
+    weight = torch.randn(128, 2048, dtype=torch.bfloat16, device="cuda")
+    xs = [torch.randn(3, 2048, dtype=torch.bfloat16, device="cuda") for _ in range(6)]
+
+    def route(x):
+        logits = router_topk.router_logits(x * 1.0, weight)  # x * 1.0: a kernel before, as the norm
+        return router_topk.router_topk(logits, 8, True)
+
+    def run_all(on: bool):
+        monkeypatch.setattr(router_topk, "PDL_LAUNCH", on)
+        eager = [route(x) for x in xs]
+        graph, outs = torch.cuda.CUDAGraph(), []
+        with torch.cuda.graph(graph):
+            outs = [route(x) for x in xs]
+        graph.replay()
+        torch.cuda.synchronize()
+        return eager, outs
+
+    plain, plain_graph = run_all(False)
+    for got in run_all(True):
+        for (weights, ids), (want_weights, want_ids) in zip(got, plain, strict=True):
+            assert torch.equal(weights, want_weights) and torch.equal(ids, want_ids)
+    for (weights, ids), (want_weights, want_ids) in zip(plain_graph, plain, strict=True):
+        assert torch.equal(weights, want_weights) and torch.equal(ids, want_ids)
+
+
 def test_fused_routers_replace_transformers_routers_and_keep_the_models_logits(device):
     """``install`` swaps each Qwen3-MoE router for the fused one on the same weight: the model's
     logits do not change, traced whole by ``torch.compile`` too (the op's fake), and the dense

@@ -1520,6 +1520,59 @@ def test_ring_expert_down_launched_with_pdl_after_a_gate_up_that_lets_it_start(m
                 assert launched["reduce"]["PDL"] is chained and launched["reduce"]["launch_pdl"] is chained
 
 
+def test_ring_gate_up_launched_with_pdl_waits_before_it_reads(monkeypatch):
+    """``PDL_GATE_UP``: the gate_up launched with PDL and told by its ``PDL`` constexpr to wait
+    for the routing before it reads anything, where forced on or, with ``None``, where
+    torch.compile launches its kernels with PDL; off by default, and never interpreted."""
+    calls = []
+    monkeypatch.setattr(moe_ring_gluon, "moe_gate_up_ring_kernel", _Recorder(calls, "gate_up"))
+    monkeypatch.setattr(moe_ring_gluon, "moe_down_slots_ring_kernel", _Recorder(calls, "down"))
+    gu, dn, hidden, ids, weights = _cpu_expert_case(monkeypatch, 6, 512, 512, 3, 5)
+    config = {"GROUPED": 0, "WARPS": 2, "STAGES": 4, "DOWN_WARPS": 2, "DOWN_SLOTS": 1}
+    from torch._inductor import config as inductor
+
+    assert moe_ring_gluon.PDL_GATE_UP is False
+    cases = ((False, True, True), (True, False, True), (None, True, True), (True, True, False))
+    for on, inductor_pdl, compiled in cases:
+        monkeypatch.setattr(moe_ring_gluon, "PDL_GATE_UP", on)
+        monkeypatch.setattr(decode, "interpreted", lambda compiled=compiled: not compiled)
+        calls.clear()
+        with inductor.patch({"triton.enable_pdl": inductor_pdl}):
+            moe_ring_gluon.launch(hidden, *_tuples(gu, dn), ids, weights, torch.zeros_like(hidden), config, False)
+        gate_up = next(kwargs for name, _, _, kwargs in calls if name == "gate_up")
+        waits = (inductor_pdl if on is None else on) and compiled
+        assert gate_up["PDL"] is waits and gate_up["launch_pdl"] is waits, (on, inductor_pdl, compiled)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="PDL and Gluon need a compiled GPU")
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"GROUPED": 0, "WARPS": 2, "STAGES": 4, "CHUNKS": 4, "DOWN_WARPS": 2, "DOWN_SLOTS": 1},
+        {"GROUPED": 1, "WARPS": 2, "STAGES": 3, "DOWN_WARPS": 2, "DOWN_GROUPED": 1},
+    ],
+)
+def test_ring_gate_up_with_pdl_gives_every_bit_it_gives_without(config, monkeypatch, device):
+    """The gate_up launched with PDL (``PDL_GATE_UP``) after the kernel that writes its routing,
+    its down launched with PDL too: on fresh hidden states and routings back to back, eagerly
+    and replayed in a CUDA graph, bit for bit the output without it."""
+    e, n, k, top_k, t = 16, 512, 2048, 8, 4
+    gu, dn = _bank(e, n, k, device)
+    banks = _tuples(gu, dn)
+    cases = [(torch.randn(t, k, dtype=torch.bfloat16, device=device), *_route(t, e, top_k, device)) for _ in range(6)]
+    by_hidden = {id(hidden): (ids, weights) for hidden, ids, weights in cases}
+    monkeypatch.setattr(moe_ring_gluon, "PDL_DOWN", True)
+
+    def launch(hidden, out):
+        if out is None:
+            return torch.empty_like(hidden)
+        ids, weights = by_hidden[id(hidden)]
+        routed = ids.clone()  # written by the kernel just before the gate_up, as the router's are
+        return moe_ring_gluon.launch(hidden, *banks, routed, weights, out, config, False)
+
+    _switch_keeps_every_bit(monkeypatch, moe_ring_gluon, "PDL_GATE_UP", launch, [c[0] for c in cases], repeats=2)
+
+
 @pytest.mark.skipif(not ON_GPU, reason="PDL and Gluon need a compiled GPU")
 @pytest.mark.parametrize(
     "config",
