@@ -15,6 +15,10 @@ ring forms' are) or without, with and without aten kernels among them, each time
 - ``pdl+aten_every_8``: an aten add after every eighth PDL launch.
 
 ``python3 bench/probe_launch_gaps.py OUT.json`` with flashrt importable (``bench/gpu_run.sh``).
+
+H200 at 45c1956 (``h200-probe-launch-gaps-45c1956.json``, three runs alike to 0.002 us): 0.607 us
+a launch all with PDL, 0.746 all plain (0.924 once PDL launches have run in the process), 1.099
+alternating, 0.961 plain with the argmax at the end and 0.646 with PDL.
 """
 
 import json
