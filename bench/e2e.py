@@ -616,6 +616,22 @@ _PROFILES = ("kernels", "kernel_gaps", "prefill_kernels")  # kernel profiles of 
 _PER_ROW = ("logits", *_PROFILES)  # in the rows, not the bf16 summary
 
 
+def serve_as_engines_do(model: torch.nn.Module) -> dict:
+    """Both arms' common ground, in place: vLLM's merged projections, the fused bf16 expert
+    banks and the fused routers; how many of each."""
+    return {
+        "merged_projections": merge_projections(model),
+        "expert_banks": install_bf16_banks(model),
+        "fused_routers": router_topk.install(model),
+    }
+
+
+def prompts_for(model: torch.nn.Module, batch: int) -> torch.Tensor:
+    """``batch`` random prompts of ``PROMPT`` tokens, the same in every run (seed 1)."""
+    torch.manual_seed(1)
+    return torch.randint(0, model.config.vocab_size, (batch, PROMPT), device="cuda")
+
+
 def run_model(
     name: str,
     layers: int,
@@ -637,13 +653,9 @@ def run_model(
         "compiled": compile_model,
     }
     rows: list[dict] = []
-    result["merged_projections"] = merge_projections(model)
-    banks = install_bf16_banks(model)
-    moe = banks > 0
-    result["expert_banks"] = banks
-    result["fused_routers"] = router_topk.install(model)
-    torch.manual_seed(1)
-    prompts = torch.randint(0, config.vocab_size, (max([*batches, *band_batches]), PROMPT), device="cuda")
+    result |= serve_as_engines_do(model)
+    moe = result["expert_banks"] > 0
+    prompts = prompts_for(model, max([*batches, *band_batches]))
     bf16 = {}
     _attention_pdl_for("bf16", attention_pdl)
     for b in batches:

@@ -13,12 +13,11 @@ with the compiled selection, 3.946 with eager argmax, 3.648 again; the seated st
 eager argmax, 2.081 with the compiled selection. The eager argmax held the bf16 graph up 0.30 ms.
 """
 
-import dataclasses
 import json
 import sys
 
 import torch
-from flashrt.bench import e2e, router_topk
+from flashrt.bench import e2e
 from flashrt.bench.kernels import provenance
 from flashrt.runtime import SeatProfile, attach
 from flashrt.runtime.seats import _with_band
@@ -35,11 +34,8 @@ def main(path: str, name: str = "qwen3-30b-a3b", batch: int = 1) -> None:
     torch._dynamo.config.cache_size_limit = 64
     result = {**provenance(), "model": name, "batch": batch, "rows": []}
     model = e2e.build(name, 0)
-    e2e.merge_projections(model)
-    moe = e2e.install_bf16_banks(model) > 0
-    router_topk.install(model)
-    torch.manual_seed(1)
-    prompt = torch.randint(0, model.config.vocab_size, (batch, e2e.PROMPT), device="cuda")
+    moe = e2e.serve_as_engines_do(model)["expert_banks"] > 0
+    prompt = e2e.prompts_for(model, batch)
 
     def arm(label: str, order: tuple[str, ...]) -> None:
         for select in order:
@@ -54,7 +50,7 @@ def main(path: str, name: str = "qwen3-30b-a3b", batch: int = 1) -> None:
     e2e._attention_pdl_for("bf16", "seated")
     arm("bf16", ("compiled greedy", "eager argmax", "compiled greedy"))
     profile = _with_band(SeatProfile(parity_floor=0.98 if moe else 0.99), torch.device("cuda"))
-    attach(model, dataclasses.replace(profile))
+    attach(model, profile)
     e2e._attention_pdl_for("seated", "seated")
     arm("seated", ("eager argmax", "compiled greedy"))
 
