@@ -632,6 +632,20 @@ def prompts_for(model: torch.nn.Module, batch: int) -> torch.Tensor:
     return torch.randint(0, model.config.vocab_size, (batch, PROMPT), device="cuda")
 
 
+def probe_model(name: str, batch: int) -> tuple[torch.nn.Module, bool, torch.Tensor]:
+    """What a probe of one model's decode step starts from (``bench/probe_greedy.py``,
+    ``bench/probe_pdl_switches.py``): the full-depth model on the common ground of both arms,
+    torch.compile's PDL on as ``main`` turns it on, whether it has expert banks, and ``batch``
+    prompts."""
+    from torch._inductor import config as inductor
+
+    inductor.triton.enable_pdl = True
+    torch._dynamo.config.cache_size_limit = 64
+    model = build(name, 0)
+    moe = serve_as_engines_do(model)["expert_banks"] > 0
+    return model, moe, prompts_for(model, batch)
+
+
 def run_model(
     name: str,
     layers: int,

@@ -28,14 +28,8 @@ def eager_argmax(logits: torch.Tensor) -> torch.Tensor:
 
 
 def main(path: str, name: str = "qwen3-30b-a3b", batch: int = 1) -> None:
-    from torch._inductor import config as inductor
-
-    inductor.triton.enable_pdl = True  # as e2e runs both arms where torch has it
-    torch._dynamo.config.cache_size_limit = 64
     result = {**provenance(), "model": name, "batch": batch, "rows": []}
-    model = e2e.build(name, 0)
-    moe = e2e.serve_as_engines_do(model)["expert_banks"] > 0
-    prompt = e2e.prompts_for(model, batch)
+    model, moe, prompt = e2e.probe_model(name, batch)
 
     def arm(label: str, order: tuple[str, ...]) -> None:
         for select in order:

@@ -32,14 +32,8 @@ SETTINGS = (
 
 
 def main(path: str, name: str = "qwen3-30b-a3b", batch: int = 1) -> None:
-    from torch._inductor import config as inductor
-
-    inductor.triton.enable_pdl = True  # as e2e runs both arms where torch has it
-    torch._dynamo.config.cache_size_limit = 64
     result = {**provenance(), "model": name, "batch": batch, "rows": []}
-    model = e2e.build(name, 0)
-    moe = e2e.serve_as_engines_do(model)["expert_banks"] > 0
-    prompt = e2e.prompts_for(model, batch)
+    model, moe, prompt = e2e.probe_model(name, batch)
     seated = False
     for i, (arm, router_pdl, gate_up_pdl) in enumerate(SETTINGS):
         if arm == "seated" and not seated:
