@@ -162,9 +162,10 @@ def moe_gate_up_ring_kernel(
     (``topk_ids``). Else grouped: one program a ``BLOCK_M``-row tile of ``moe_fused.group_pairs``'
     layout, the pairs of one expert, which it reads once for all of them; past the last run a
     program has no steps and stores nothing. ``PDL`` (``PDL_GATE_UP``): launched with PDL, it
-    waits for the kernel before it (the routing) before it reads anything. ``FOLD_DOWN``: each pair's row of h times its
-    routing weight and its expert's down global scale, what the ring downs sum as they are (a
-    global scale of 0, an expert a checkpoint pruned, then adds nothing). ``CHUNKS > 1`` (one
+    waits for the kernel before it (the routing's) before it reads anything. ``FOLD_DOWN``: each
+    pair's row of h times its routing weight and its expert's down global scale, what the ring
+    downs sum as they are (a global scale of 0, an expert a checkpoint pruned, then adds
+    nothing). ``CHUNKS > 1`` (one
     program a pair): the rows cut in chunks of K as ``linear_mma_gluon``'s, chunk c of the
     pair's token in MMA column c, ``16 * WARPS / CHUNKS`` gate rows and as many up rows a
     program (``chunk_words`` and ``chunk_scales`` int32 words a chunk)."""
