@@ -32,10 +32,11 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 LOGITS_MAX_TOKENS = 16
 EXPERTS_A_PROGRAM = 2
 # Where on (``decode.launch_pdl``: ``None`` follows torch.compile), both kernels are launched with
-# PDL: each waits for the kernel before it, then lets the next one start, as the decode attention's do. In Qwen3-30B's seated step at batch 1 the
-# two waited 0.45 us each for their launch, between PDL launches (afb0251), and a graph pays for
-# each change between PDL and plain launches (``bench/probe_launch_gaps.py``: 0.61 us a launch all
-# with PDL, 1.10 alternating). Off until measured end to end, in both arms.
+# PDL: each waits for the kernel before it, then lets the next one start, as the decode
+# attention's do. In Qwen3-30B's seated step at batch 1 the two waited 0.45 us each for their
+# launch, between PDL launches (afb0251), and a graph pays for each change between PDL and plain
+# launches (``bench/probe_launch_gaps.py``: 0.61 us a launch all with PDL, 1.10 alternating).
+# Off until measured end to end, in both arms.
 PDL_LAUNCH: bool | None = False
 
 
