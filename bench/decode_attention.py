@@ -34,8 +34,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from flashrt.kernels.decode import interpreted, launch_pdl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from flashrt.kernels.decode import interpreted, launch_pdl, wait_then_let_next_start
 
 BLOCK_L = 32  # keys a step: the cache of the e2e (259 positions) in 9 steps, so 9 splits at most
 # Programs to aim for a layer: the H200's 132 SMs, so a batch-1 layer's 4 key-value heads split
@@ -85,9 +84,7 @@ def decode_attention_kernel(
 ):
     """``partial[b, h, split, g]``, ``max``, ``sum``: query head g of key-value head h of sequence b
     over the visible keys of cache positions ``[split * SPLIT_L, (split + 1) * SPLIT_L)``."""
-    if PDL:  # the query and cache are the kernels' before; the merge may start and wait
-        gdc_wait()
-        gdc_launch_dependents()
+    wait_then_let_next_start(PDL)  # the query and cache are the kernels' before; the merge may start and wait
     bh, split = tl.program_id(0), tl.program_id(1)
     b, h = bh // KV_HEADS, bh % KV_HEADS
     rows = tl.arange(0, G_POW2)
@@ -143,9 +140,7 @@ def merge_splits_kernel(
 ):
     """``out[b, h, g] = sum_s e^(max_s - M) partial_s / sum_s e^(max_s - M) sum_s``, M the splits'
     largest max: the softmax over every split's keys (a split with no visible key weighs 0)."""
-    if PDL:  # the partials are the split kernel's; the output projection may start copying its weights
-        gdc_wait()
-        gdc_launch_dependents()
+    wait_then_let_next_start(PDL)  # the partials are the split kernel's; the output projection may start
     row = tl.program_id(0)  # (b * KV + h) * G + g
     bh, g = row // G, row % G
     splits = tl.arange(0, SPLITS_POW2)

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 from flashrt.bench.kernels import provenance
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from flashrt.kernels.decode import wait_then_let_next_start
 
 LAUNCHES = 256
 REPLAYS = 50
@@ -37,9 +37,7 @@ REPLAYS = 50
 @triton.jit
 def bump_kernel(counter_ptr, PDL: tl.constexpr):
     """``counter += 1``: with ``PDL``, after the kernel before it, letting the next one start."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+    wait_then_let_next_start(PDL)
     tl.store(counter_ptr, tl.load(counter_ptr) + 1)
 
 

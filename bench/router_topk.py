@@ -25,8 +25,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from flashrt.kernels.decode import launch_pdl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from flashrt.kernels.decode import launch_pdl, wait_then_let_next_start
 
 # As vLLM's GateLinear: its own GEMM up to 16 tokens, cuBLAS past them.
 LOGITS_MAX_TOKENS = 16
@@ -56,9 +55,7 @@ def router_logits_kernel(
 ):
     """``out[m, e] = x[m] . weight[e]`` for token ``m`` (program axis 1) and the program's
     ``BLOCK_E`` experts, whole rows (``BLOCK_K >= K``), summed in fp32."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+    wait_then_let_next_start(PDL)
     experts = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     m = tl.program_id(1)
     k = tl.arange(0, BLOCK_K)
@@ -118,9 +115,7 @@ def router_topk_kernel(
     """``weights[t], ids[t]``: token t's ``TOP_K`` largest softmax probabilities over its E
     logits, largest first (ties to the lower expert), divided by their sum when
     ``RENORMALIZE``."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+    wait_then_let_next_start(PDL)
     token = tl.program_id(0)
     experts = tl.arange(0, E_POW2)
     logits = tl.load(logits_ptr + token * stride_lm + experts, mask=experts < E, other=float("-inf"))

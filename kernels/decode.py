@@ -25,6 +25,7 @@ import sys
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 # Byte tables for prmt: bf16 bits of E2M1 magnitudes 0..7 (0, .5, 1, 1.5, 2, 3, 4, 6) are
 # 0x0000 0x3F00 0x3F80 0x3FC0 0x4000 0x4040 0x4080 0x40C0.
@@ -295,6 +296,15 @@ def placed_pairs(words, magnitude_shift, sign_shift, magnitude_mask: int, sign_m
         out[..., q] = (pair & 0xFFFF).to(torch.int16).view(dtype)
         out[..., q + 4] = ((pair >> 16) & 0xFFFF).to(torch.int16).view(dtype)
     return out
+
+
+@triton.jit
+def wait_then_let_next_start(PDL: tl.constexpr):
+    """A kernel launched with PDL (``PDL``): wait for the kernel before it (its writes visible),
+    then let the kernel after it launch, which waits in turn before it reads anything."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
 
 
 def interpreted() -> bool:

@@ -242,7 +242,8 @@ def choose_linear(
 
     def call(c: Candidate, out: torch.Tensor) -> functools.partial:
         launch = LINEAR_FORMS[c.form].launch
-        return functools.partial(launch, x, packed, scales, global_scale, bias, out, launch_params(c, layout), prmt)
+        params = launch_params(c, layout)
+        return functools.partial(launch, x, packed, scales, global_scale, bias, out, params, _use_prmt(device))
 
     def measure(c: Candidate) -> Outcome:
         out = torch.empty(m, n, dtype=x.dtype, device=device)
@@ -260,7 +261,6 @@ def choose_linear(
     chosen = TUNER.recall(device_key, memo)
     if chosen is not None:
         return chosen
-    prmt = _use_prmt(device)
     cands = linear_candidates(m, n, k, _capability(device), layout)
     return TUNER.choose(
         device_key, key, cands, measure, _may_measure(device), memo,
@@ -278,13 +278,11 @@ def choose_moe(hidden, gate_up, down, topk_ids, topk_weights, layout: int = ring
     if chosen is not None:
         return chosen
     cands = moe_candidates(t, two_n // 2, k, _capability(device), layout)
-    prmt = _use_prmt(device)
 
     def call(c: Candidate, out: torch.Tensor) -> functools.partial:
         launch = MOE_FORMS[c.form].launch
-        return functools.partial(
-            launch, hidden, gate_up, down, topk_ids, topk_weights, out, launch_params(c, layout), prmt
-        )
+        params = launch_params(c, layout)
+        return functools.partial(launch, hidden, gate_up, down, topk_ids, topk_weights, out, params, _use_prmt(device))
 
     def measure(c: Candidate) -> Outcome:
         out = torch.empty_like(hidden)
