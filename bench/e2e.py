@@ -24,7 +24,8 @@ logits GEMM (vLLM's ``GateLinear`` tier up to 16 tokens) and softmax and top-k i
 it, both compile their kernels with PDL (inductor's ``triton.enable_pdl``; ``--inductor-pdl
 off`` leaves it off), which the ring forms follow (``decode.launch_pdl``): Llama-3-8B's seated
 step 2.25 to 2.07 ms at batch 1, its bf16 step 4.54 to 4.44 (H200, 0d80628). The decode
-attention is launched with PDL in the arm where that is faster, the seated one (``ATTENTION_PDL``).
+attention's and the router's kernels are launched with PDL in the arm where that is faster, the
+seated one (``PDL_ARMS``).
 
 Random Gaussian weights give expert banks a parity near 0.987 against bf16 (two chained NVFP4
 GEMMs and a gate), so MoE models use a parity floor of 0.98, stated in the result.
@@ -54,18 +55,21 @@ from flashrt.runtime.seats import _is_expert_bank, _with_band
 
 PROMPT, GENERATED, WARM_STEPS = 128, 128, 3
 BATCHES = (1, 4, 8, 16, 32)
-# The arms whose decode attention is launched with PDL (``decode_attention.PDL_LAUNCH``, as
-# torch.compile's kernels). By default each arm as it runs faster: Llama-3-8B at batch 1 on the
-# H200, in one call (8dbc588, ``h200-e2e-llama-8dbc588-b1-attn-*.json``), the seated step gained
-# 2.5% with it (483.4 to 495.7 tok/s: the output projection copies its weights during the merge)
-# and the bf16 one lost 2.2% (222.3 to 217.4; cuBLAS's projection after it gains nothing).
-ATTENTION_PDL = {"seated": ("seated",), "both": ("bf16", "seated"), "off": ()}
+# The arms whose decode attention and router kernels (``decode_attention.PDL_LAUNCH``,
+# ``router_topk.PDL_LAUNCH``) are launched with PDL, as torch.compile's kernels. By default each
+# arm as it runs faster, on the H200 in one call each. The attention: Llama-3-8B at batch 1
+# (8dbc588, ``h200-e2e-llama-8dbc588-b1-attn-*.json``), the seated step gained 2.5% with it
+# (483.4 to 495.7 tok/s: the output projection copies its weights during the merge) and the bf16
+# one lost 2.2% (222.3 to 217.4; cuBLAS's projection after it gains nothing). The router:
+# Qwen3-30B at batch 1 (9bdf706, ``h200-probe-pdl-switches-9bdf706.json``), the seated step 2.024
+# to 1.946 ms with it, the bf16 one 3.638 to 3.875 (its graph's other launches are plain).
+PDL_ARMS = {"seated": ("seated",), "both": ("bf16", "seated"), "off": ()}
 
 
-def _attention_pdl_for(arm: str, setting: str) -> None:
-    """The decode attention of ``arm`` (``bf16``, ``seated``) as ``setting`` launches it: with PDL
-    as torch.compile's kernels (``None``), or never."""
-    decode_attention.PDL_LAUNCH = None if arm in ATTENTION_PDL[setting] else False
+def _pdl_for(arm: str, setting: str) -> None:
+    """The decode attention and router kernels of ``arm`` (``bf16``, ``seated``) as ``setting``
+    launches them: with PDL as torch.compile's kernels (``None``), or never."""
+    decode_attention.PDL_LAUNCH = router_topk.PDL_LAUNCH = None if arm in PDL_ARMS[setting] else False
 
 
 def _llama3_8b(layers: int):
@@ -654,7 +658,7 @@ def run_model(
     band_batches: list[int],
     record,
     profiled: tuple[int, ...],
-    attention_pdl: str = "seated",
+    pdl_arms: str = "seated",
 ) -> None:
     """Both arms of one model; ``record(figures, rows)`` after every step, so a run cut short
     keeps what it measured."""
@@ -671,7 +675,7 @@ def run_model(
     moe = result["expert_banks"] > 0
     prompts = prompts_for(model, max([*batches, *band_batches]))
     bf16 = {}
-    _attention_pdl_for("bf16", attention_pdl)
+    _pdl_for("bf16", pdl_arms)
     for b in batches:
         bf16[b] = measure(model, compile_model, prompts[:b], profile_kinds=b in profiled)
         figures = bf16[b]
@@ -707,7 +711,7 @@ def run_model(
     }
     ours_logits = {}
     record(result, rows)
-    _attention_pdl_for("seated", attention_pdl)
+    _pdl_for("seated", pdl_arms)
     for b in batches:
         ours = measure(model, compile_model, prompts[:b], profile_kinds=b in profiled)
         ours_logits[b] = ours["logits"]
@@ -800,7 +804,7 @@ def _run_one(
         out.write_text(json.dumps(result, indent=1))
 
     try:
-        run_model(name, args.layers, batches, not args.no_compile, band_batches, record, profiled, args.attention_pdl)
+        run_model(name, args.layers, batches, not args.no_compile, band_batches, record, profiled, args.pdl_arms)
     except Exception as exc:  # one model that cannot run here must not lose the others
         import traceback
 
@@ -821,7 +825,7 @@ def _on_gpus(names: list[str], args, out: Path, result: dict) -> None:
     rest += ["--no-compile"] if args.no_compile else []
     rest += ["--cache-preference", args.cache_preference, "--split-sum", args.split_sum]
     rest += ["--inductor-pdl", args.inductor_pdl] if args.inductor_pdl else []
-    rest += ["--attention-pdl", args.attention_pdl]
+    rest += ["--pdl-arms", args.pdl_arms]
     queues = [names[i::gpus] for i in range(gpus)]
     procs = []
     for gpu, queue in enumerate(queues):
@@ -869,11 +873,11 @@ def main(argv: list[str] | None = None) -> int:
         "in both arms, which the ring forms follow (decode.launch_pdl); default: on where the installed torch has it",
     )
     parser.add_argument(
-        "--attention-pdl",
-        choices=ATTENTION_PDL,
+        "--pdl-arms",
+        choices=PDL_ARMS,
         default="seated",
-        help="in which arms the decode attention's kernels are launched with PDL as torch.compile's are "
-        "(decode_attention.PDL_LAUNCH; otherwise never): the default, each arm as it runs faster (ATTENTION_PDL)",
+        help="in which arms the decode attention's and router's kernels are launched with PDL as "
+        "torch.compile's are (otherwise never): the default, each arm as it runs faster (PDL_ARMS)",
     )
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -903,7 +907,7 @@ def main(argv: list[str] | None = None) -> int:
         "cache_preference": args.cache_preference,
         "split_sum": args.split_sum,
         "inductor_pdl": inductor_pdl,
-        "attention_pdl": args.attention_pdl if inductor_pdl else "off",
+        "pdl_arms": args.pdl_arms if inductor_pdl else "off",
         "router_logits_max_tokens": router_topk.LOGITS_MAX_TOKENS,
         "models": [],
         "rows": [],

@@ -36,7 +36,7 @@ DEFAULT_RESULTS = [  # every arm with vLLM's merged projections, torch.compile's
     # 5c0f2a9: the MoE router's logits GEMM as vLLM's GateLinear runs it up to 16 tokens, both arms
     merge.RESULTS / "h200-e2e-qwen3-5c0f2a9-b4b16.json",
     merge.RESULTS / "h200-e2e-qwen3-5c0f2a9-b1b4b8.json",  # 1 (profiled; cut before the seated 4 and 8)
-    # 6f156f2: the decode attention launched with PDL in the seated arm (e2e.ATTENTION_PDL)
+    # 6f156f2: the decode attention launched with PDL in the seated arm (then e2e.ATTENTION_PDL)
     merge.RESULTS / "h200-e2e-llama-6f156f2-b1b8.json",
     merge.RESULTS / "h200-e2e-llama-6f156f2-b4.json",
     merge.RESULTS / "h200-e2e-qwen3-6f156f2-b1.json",
@@ -62,9 +62,10 @@ DEFAULT_MERGED = merge.RESULTS / "h200-e2e.json"
 SHARED = ("device", "capability", "cuda", "torch", "triton", "transformers", "prompt_tokens", "generated_tokens")
 # What may differ between merged runs and goes into each row: what ran Qwen3.5's linear attention
 # in both arms (``e2e.linear_attention_kernels``), missing before 2026-12-04's runs, the arms
-# whose decode attention was launched with PDL (``e2e.ATTENTION_PDL``), missing before 6f156f2's,
-# and up to how many tokens the router's logits ran ``router_topk.router_logits`` (missing before 5c0f2a9's).
-TAGS = ("linear_attention_kernels", "attention_pdl", "router_logits_max_tokens")
+# whose decode attention was launched with PDL (``attention_pdl``), missing before 6f156f2's, then
+# their attention and router kernels (``pdl_arms``, ``e2e.PDL_ARMS``), from 2026-12-04's, and up
+# to how many tokens the router's logits ran ``router_topk.router_logits`` (missing before 5c0f2a9's).
+TAGS = ("linear_attention_kernels", "attention_pdl", "pdl_arms", "router_logits_max_tokens")
 
 
 def key(row: dict) -> tuple[str, int]:

@@ -41,11 +41,11 @@ def main(path: str, name: str = "qwen3-30b-a3b", batch: int = 1) -> None:
             with open(path, "w") as f:
                 json.dump(result, f, indent=1)
 
-    e2e._attention_pdl_for("bf16", "seated")
+    e2e._pdl_for("bf16", "seated")
     arm("bf16", ("compiled greedy", "eager argmax", "compiled greedy"))
     profile = _with_band(SeatProfile(parity_floor=0.98 if moe else 0.99), torch.device("cuda"))
     attach(model, profile)
-    e2e._attention_pdl_for("seated", "seated")
+    e2e._pdl_for("seated", "seated")
     arm("seated", ("eager argmax", "compiled greedy"))
 
 

@@ -40,7 +40,7 @@ def main(path: str, name: str = "qwen3-30b-a3b", batch: int = 1) -> None:
             profile = _with_band(SeatProfile(parity_floor=0.98 if moe else 0.99), torch.device("cuda"))
             attach(model, profile)
             seated = True
-        e2e._attention_pdl_for(arm, "seated")
+        e2e._pdl_for(arm, "seated")
         router_topk.PDL_LAUNCH, moe_ring_gluon.PDL_GATE_UP = router_pdl, gate_up_pdl
         last_of_arm = i + 1 == len(SETTINGS) or SETTINGS[i + 1][0] != arm
         figures = e2e.measure(model, True, prompt, profile_kinds=last_of_arm)

@@ -35,7 +35,7 @@ EXPERTS_A_PROGRAM = 2
 # attention's do. In Qwen3-30B's seated step at batch 1 the two waited 0.45 us each for their
 # launch, between PDL launches (afb0251), and a graph pays for each change between PDL and plain
 # launches (``bench/probe_launch_gaps.py``: 0.61 us a launch all with PDL, 1.10 alternating).
-# Off until measured end to end, in both arms.
+# Each e2e arm sets it as it runs faster (``e2e.PDL_ARMS``); plain by default.
 PDL_LAUNCH: bool | None = False
 
 

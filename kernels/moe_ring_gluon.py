@@ -688,8 +688,10 @@ PDL_DOWN: bool | None = None
 # whose launches mix PDL and plain ones pays for each change of kind. H200, graphs of 256
 # dependent one-program launches (``bench/probe_launch_gaps.py``, ``h200-probe-launch-gaps-45c1956.json``):
 # 0.61 us a launch all with PDL, 0.75-0.92 all without, 1.10 alternating; Qwen3-30B's seated step
-# at batch 1 waited 0.45 us before its gate_up (afb0251). Off until measured end to end.
-PDL_GATE_UP: bool | None = False
+# at batch 1 waited 0.45 us before its gate_up (afb0251). With torch.compile's PDL (``None``) that
+# step fell from 1.946 to 1.909 ms, the router's kernels with PDL in both (9bdf706,
+# ``h200-probe-pdl-switches-9bdf706.json``).
+PDL_GATE_UP: bool | None = None
 # The walk configs assume: a top-8 bank's down walks 8 experts, so splits keep two steps each
 # (fewer experts: a split past the walk stores zeros, which the reduce adds).
 WALK_EXPERTS = 8

@@ -269,6 +269,24 @@ def test_routers_launched_with_pdl_give_every_bit_they_give_without(monkeypatch)
         assert torch.equal(weights, want_weights) and torch.equal(ids, want_ids)
 
 
+def test_each_arm_launches_its_attention_and_router_kernels_with_pdl_as_its_setting_says(monkeypatch):
+    """``e2e.PDL_ARMS``: by default the seated arm launches the decode attention's and the router's
+    kernels as torch.compile launches its own (``None``) and the bf16 arm plainly; ``both`` and
+    ``off`` set both arms alike."""
+    from flashrt.bench import decode_attention, e2e, router_topk
+
+    monkeypatch.setattr(decode_attention, "PDL_LAUNCH", "unset")
+    monkeypatch.setattr(router_topk, "PDL_LAUNCH", "unset")
+    for setting, arm, want in (
+        ("seated", "seated", None),
+        ("seated", "bf16", False),
+        ("both", "bf16", None),
+        ("off", "seated", False),
+    ):
+        e2e._pdl_for(arm, setting)
+        assert decode_attention.PDL_LAUNCH is want and router_topk.PDL_LAUNCH is want, (setting, arm)
+
+
 def test_fused_routers_replace_transformers_routers_and_keep_the_models_logits(device):
     """``install`` swaps each Qwen3-MoE router for the fused one on the same weight: the model's
     logits do not change, traced whole by ``torch.compile`` too (the op's fake), and the dense

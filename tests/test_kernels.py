@@ -1523,7 +1523,7 @@ def test_ring_expert_down_launched_with_pdl_after_a_gate_up_that_lets_it_start(m
 def test_ring_gate_up_launched_with_pdl_waits_before_it_reads(monkeypatch):
     """``PDL_GATE_UP``: the gate_up launched with PDL and told by its ``PDL`` constexpr to wait
     for the routing before it reads anything, where forced on or, with ``None``, where
-    torch.compile launches its kernels with PDL; off by default, and never interpreted."""
+    torch.compile launches its kernels with PDL, the default; never interpreted."""
     calls = []
     monkeypatch.setattr(moe_ring_gluon, "moe_gate_up_ring_kernel", _Recorder(calls, "gate_up"))
     monkeypatch.setattr(moe_ring_gluon, "moe_down_slots_ring_kernel", _Recorder(calls, "down"))
@@ -1531,7 +1531,7 @@ def test_ring_gate_up_launched_with_pdl_waits_before_it_reads(monkeypatch):
     config = {"GROUPED": 0, "WARPS": 2, "STAGES": 4, "DOWN_WARPS": 2, "DOWN_SLOTS": 1}
     from torch._inductor import config as inductor
 
-    assert moe_ring_gluon.PDL_GATE_UP is False
+    assert moe_ring_gluon.PDL_GATE_UP is None
     cases = ((False, True, True), (True, False, True), (None, True, True), (True, True, False))
     for on, inductor_pdl, compiled in cases:
         monkeypatch.setattr(moe_ring_gluon, "PDL_GATE_UP", on)
