@@ -1480,8 +1480,8 @@ def test_ring_expert_chunks_and_slots_match_reference(t, top_k, device):
 
 
 def test_ring_expert_down_launched_with_pdl_after_a_gate_up_that_lets_it_start(monkeypatch):
-    """``PDL_DOWN``, compiled: the gate_up (launched as ever, so it starts once the routing is
-    written) lets the kernel after it start once its ring is read (``TRIGGER``); the ring down,
+    """``PDL_DOWN``, compiled: the gate_up (launched plainly here, ``PDL_GATE_UP`` off, so it starts
+    once the routing is written) lets the kernel after it start once its ring is read (``TRIGGER``); the ring down,
     each way (the walk split, the slots, grouped), and its reduce are launched with PDL, told
     by their ``PDL`` constexpr to wait before reading h: where forced, or by default where
     torch.compile launches its kernels with PDL. Off, or interpreted, or before the
@@ -1504,6 +1504,7 @@ def test_ring_expert_down_launched_with_pdl_after_a_gate_up_that_lets_it_start(m
     from torch._inductor import config as inductor
 
     cases = ((True, False, True), (True, False, False), (False, True, True), (None, True, True), (None, False, True))
+    monkeypatch.setattr(moe_ring_gluon, "PDL_GATE_UP", False)
     for on, inductor_pdl, compiled in cases:  # None (the default): as torch.compile launches its kernels
         monkeypatch.setattr(moe_ring_gluon, "PDL_DOWN", on)
         monkeypatch.setattr(decode, "interpreted", lambda compiled=compiled: not compiled)
