@@ -418,10 +418,11 @@ def test_the_committed_kernel_table_is_the_listed_runs_merged(tmp_path):
             assert {"E", "top_k", "ours_us", "bf16_us", "grouped_mm_us", "loop_us", "bandwidth_frac"} <= set(row)
 
 
-def test_w4a4_emulation_of_the_bank_is_the_w4a4_kernels_arithmetic():
+def test_w4a4_emulation_of_the_bank_is_the_w4a4_kernels_arithmetic(device):
     """The benchmark measures the accuracy cost of NVFP4 activations on the H200 (no FP4 tensor
     cores) by emulating the W4A4 bank on round-tripped weights; that emulation must be the
-    arithmetic ``moe_w4a4`` is checked against."""
+    arithmetic ``moe_w4a4`` is checked against. On the device the benchmark runs on: its
+    activation quantizer is a Triton kernel, compiled there and interpreted on the CPU."""
     from flashrt.kernels import dequantize, nvfp4
     from flashrt.kernels.moe_w4a4 import moe_w4a4_reference
 
@@ -429,13 +430,14 @@ def test_w4a4_emulation_of_the_bank_is_the_w4a4_kernels_arithmetic():
     gu = nvfp4.quantize_reference(torch.randn(e, 2 * n, k, dtype=torch.bfloat16))
     dn = nvfp4.quantize_reference(torch.randn(e, k, n, dtype=torch.bfloat16))
     bank = torch.nn.Module()
-    bank.gate_up_proj = torch.nn.Parameter(dequantize(gu, torch.float32))
-    bank.down_proj = torch.nn.Parameter(dequantize(dn, torch.float32))
+    bank.gate_up_proj = torch.nn.Parameter(dequantize(gu, torch.float32).to(device))
+    bank.down_proj = torch.nn.Parameter(dequantize(dn, torch.float32).to(device))
     hidden = torch.randn(t, k, dtype=torch.bfloat16)
     weights, ids = torch.randn(t, e).softmax(-1).topk(2)
     with torch.no_grad():
-        got = e2e._w4a4_bank(bank, hidden, ids, weights.to(torch.bfloat16)).double()
+        got = e2e._w4a4_bank(bank, hidden.to(device), ids.to(device), weights.to(device, torch.bfloat16))
     ref = moe_w4a4_reference(hidden, gu, dn, ids, weights.to(torch.bfloat16)).double()
+    got = got.double().cpu()
     # The two round in different precisions (fp32 here, float64 there), so now and then an element
     # of h sits on an NVFP4 rounding boundary and flips its code, taking that token's cosine to
     # about 0.99. So the median over tokens: at least 0.99963 in 150 seeds, 0.99999 typically;
