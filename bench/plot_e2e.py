@@ -14,6 +14,11 @@ from pathlib import Path
 from flashrt.bench import merge
 
 DEFAULT_RESULTS = [  # every arm with vLLM's merged projections, torch.compile's PDL from 0d80628 on
+    # 39f02c7: the bank's gate_up with PDL, and the router's kernels in the seated arm (e2e.PDL_ARMS);
+    # Llama-3-8B has neither, so its 4, 16 and 32 measure the compiled greedy selection
+    merge.RESULTS / "h200-e2e-qwen3-39f02c7-b1b8.json",  # 1 profiled
+    merge.RESULTS / "h200-e2e-qwen3-39f02c7-b4b16b32.json",
+    merge.RESULTS / "h200-e2e-llama-39f02c7-b4b16b32.json",
     # afb0251/3e935d0: the step's greedy selection in two passes, compiled (e2e.greedy): torch's eager
     # argmax had cost the bf16 graph 0.30 ms a step at batch 1 (bench/probe_greedy.py)
     merge.RESULTS / "h200-e2e-llama-afb0251-b1.json",  # profiled
