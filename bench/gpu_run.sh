@@ -25,5 +25,6 @@ TUNING_SHAPES_AT_START=$(python3 -c 'import glob, json, sys
 print(sum(len(json.load(open(p))) for p in glob.glob(sys.argv[1] + "/tuning-*.json")))' "$FLASHRT_CACHE_DIR")
 export TUNING_SHAPES_AT_START
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/nvidia-smi.txt"
-[ "${SKIP_GPU_TESTS:-0}" = 1 ] || (cd "$root" && python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py 2>&1 | tail -40) | tee "$out/gpu-tests.log"
+# The test files whose tests take the GPU where there is one (the ``device`` fixture, ``ON_GPU``).
+[ "${SKIP_GPU_TESTS:-0}" = 1 ] || (cd "$root" && python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_bench.py 2>&1 | tail -40) | tee "$out/gpu-tests.log"
 python3 -m flashrt.bench "$bench" --out "$out/$bench.json" "$@" 2>&1 | tee "$out/$bench.log"

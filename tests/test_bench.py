@@ -561,3 +561,20 @@ def test_the_fold_probe_takes_every_committed_split_choice_of_the_ring_forms():
     ]
     assert sorted(splitting) == sorted(keys)
     assert {form for *_, form, _ in choices} == {"mma_gluon", "wgmma_gluon"}
+
+
+def test_the_device_call_runs_every_test_file_that_takes_the_gpu():
+    """``bench/gpu_run.sh`` is how the GPU tests run on the device: a test file whose tests take
+    the GPU where there is one (the ``device`` fixture, a CUDA skip) and that it leaves out never
+    runs there (until da5a3a0 it ran ``test_kernels.py`` alone, and a ``test_bench.py`` test that
+    broke on the H200 went unseen)."""
+    import re
+    from pathlib import Path
+
+    tests = Path(__file__).parent
+    script = (tests.parent / "bench" / "gpu_run.sh").read_text()
+    takes_gpu = re.compile(r"def test_\w+\([^)]*\bdevice\b|cuda\.is_available\(\)|\bON_GPU\b")
+    files = sorted(p.name for p in tests.glob("test_*.py") if takes_gpu.search(p.read_text()))
+    assert "test_kernels.py" in files and "test_bench.py" in files, files
+    for name in files:
+        assert f"tests/{name}" in script, f"bench/gpu_run.sh does not run {name}"
