@@ -1480,12 +1480,12 @@ def test_ring_expert_chunks_and_slots_match_reference(t, top_k, device):
 
 
 def test_ring_expert_down_launched_with_pdl_after_a_gate_up_that_lets_it_start(monkeypatch):
-    """``PDL_DOWN``, compiled: the gate_up (launched plainly here, ``PDL_GATE_UP`` off, so it starts
-    once the routing is written) lets the kernel after it start once its ring is read (``TRIGGER``); the ring down,
-    each way (the walk split, the slots, grouped), and its reduce are launched with PDL, told
-    by their ``PDL`` constexpr to wait before reading h: where forced, or by default where
-    torch.compile launches its kernels with PDL. Off, or interpreted, or before the
-    GEMV down, nothing is."""
+    """``PDL_DOWN``, compiled: the gate_up (launched plainly here, ``PDL_GATE_UP`` off, so it
+    starts once the routing is written) lets the kernel after it start once its ring is read
+    (``TRIGGER``); the ring down, each way (the walk split, the slots, grouped), and its reduce
+    are launched with PDL, told by their ``PDL`` constexpr to wait before reading h: where
+    forced, or by default where torch.compile launches its kernels with PDL. Off, or
+    interpreted, or before the GEMV down, nothing is."""
     calls = []
     for name in ("moe_gate_up_ring_kernel", "moe_down_ring_kernel", "moe_down_slots_ring_kernel"):
         monkeypatch.setattr(moe_ring_gluon, name, _Recorder(calls, name))
