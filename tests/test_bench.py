@@ -70,10 +70,11 @@ def _symbolic_inputs(graph: torch.fx.GraphModule) -> list[str]:
     ]
 
 
-def test_each_batch_steps_the_static_program_a_run_of_it_alone_compiles():
+def test_each_batch_steps_the_static_program_a_run_of_it_alone_compiles(device):
     """Under torch.compile's default the second batch size traces a symbolic batch: a batch's
-    figure would depend on the batches measured before it in the process."""
-    model = _tiny("dense")
+    figure would depend on the batches measured before it in the process. On the benchmark's
+    device: the decode attention is a Triton kernel, which takes CPU tensors only interpreted."""
+    model = _tiny("dense").to(device)
     traced = []
 
     def spy(graph, example_inputs):
@@ -81,7 +82,7 @@ def test_each_batch_steps_the_static_program_a_run_of_it_alone_compiles():
         return graph.forward
 
     def step(program, batch: int) -> None:
-        run = e2e.DecodeRun(model, program, torch.randint(0, 512, (batch, e2e.PROMPT)))
+        run = e2e.DecodeRun(model, program, torch.randint(0, 512, (batch, e2e.PROMPT), device=device))
         with torch.no_grad():
             run.prefill()
             run.step()
