@@ -14,6 +14,11 @@ from pathlib import Path
 from flashrt.bench import merge
 
 DEFAULT_RESULTS = [  # every arm with vLLM's merged projections, torch.compile's PDL from 0d80628 on
+    # a040892: 39f02c7's kernels and benchmark again. Llama's 32 in three processes (alone, alone
+    # with 7fc3be7's o projection choice, after 4 and 16: 9057-9104 seated tok/s) against
+    # 39f02c7's 8492, which none reproduced; Qwen3.5 with the compiled greedy selection and PDL arms
+    merge.RESULTS / "h200-e2e-llama-a040892-b4b16b32-profiled.json",  # 32 profiled
+    merge.RESULTS / "h200-e2e-qwen35-a040892-l8-b1b8.json",
     # 39f02c7: the bank's gate_up with PDL, and the router's kernels in the seated arm (e2e.PDL_ARMS);
     # Llama-3-8B has neither, so its 4, 16 and 32 measure the compiled greedy selection
     merge.RESULTS / "h200-e2e-qwen3-39f02c7-b1b8.json",  # 1 profiled
