@@ -40,6 +40,13 @@ BLOCK_L = 32  # keys a step: the cache of the e2e (259 positions) in 9 steps, so
 # Programs to aim for a layer: the H200's 132 SMs, so a batch-1 layer's 4 key-value heads split
 # 9 ways (36 programs, all the cache allows) and batch 16's 64 heads 3 ways (192).
 TARGET_PROGRAMS = 132
+# Warps and software-pipelined stages of the split kernel: Triton's defaults, named so that
+# ``bench/probe_decode_attention.py`` can time others beside them (with ``BLOCK_L``). Where the
+# sequences' heads alone make the programs (Llama-3-8B from 32 sequences) nothing is split, and a
+# program's nine steps run one after another: that layer took 17.3 us at 32 sequences (427f4ad)
+# for about 25 MB of visible cache, 1.5 TB/s.
+WARPS = 4
+STAGES = 3
 MASKED = tl.constexpr(-1.0e30)  # a masked key's score: finite, so a split with no visible key stays NaN-free
 # Both kernels launched with PDL where torch.compile launches its kernels so (``decode.launch_pdl``,
 # as the ring forms): each waits for the kernel before it, then lets the one after it start. A
@@ -199,6 +206,7 @@ def decode_attention(
         visible.stride(0), visible.stride(1),
         SPLIT_L=split_l, BLOCK_L=BLOCK_L, G_POW2=max(16, triton.next_power_of_2(groups)), D_POW2=d_pow2,
         UPCAST=interpreted() or query.dtype == torch.float32, PDL=pdl, launch_pdl=pdl,
+        num_warps=WARPS, num_stages=STAGES,
     )  # fmt: skip
     out = torch.empty(batch, kv_heads, groups, dim, dtype=query.dtype, device=query.device)
     merge_splits_kernel[(batch * kv_heads * groups,)](

@@ -9,7 +9,10 @@ Qwen3-30B-A3B (4 key-value heads of 8 query heads) and Llama-3-8B (8 of 4) layer
   ``F.scaled_dot_product_attention`` on the cuDNN backend, what the e2e's compiled step ran;
 - ``sdpa``: the same, the backend torch picks in eager;
 - ``split`` and ``split_<programs>``: ``decode_attention`` with its ``TARGET_PROGRAMS`` (the
-  default) and with other targets (1: no split), to check the default against its neighbours.
+  default) and with other targets (1: no split), to check the default against its neighbours;
+- ``tile_<keys>k<warps>w<stages>s``: the default target with other tiles (``BLOCK_L`` keys a
+  step, ``WARPS``, ``STAGES``): wider steps put more of the cache in flight a program where the
+  heads alone fill the GPU and nothing is split (Llama-3-8B at 32 sequences: 17.3 us, 427f4ad).
 
 Every arm is checked against ``decode_attention.reference`` first, then timed by
 ``timing.graph_us`` (captured, caches rotated past L2). ``python3 bench/probe_decode_attention.py
@@ -25,11 +28,13 @@ import torch.nn.functional as F
 from flashrt.bench import decode_attention, e2e, timing
 from flashrt.bench.kernels import provenance
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.runtime.errors import OutOfResources
 
 LAYERS = {"qwen3-30b-a3b": (4, 8, 128), "llama3-8b": (8, 4, 128)}  # key-value heads, query heads each, dim
 LENGTH = e2e.PROMPT + e2e.GENERATED + e2e.WARM_STEPS
 VISIBLE = e2e.PROMPT + e2e.GENERATED // 2  # mid-generation
 TARGETS = (1, 66, 264, 528)
+TILES = [(keys, warps, stages) for keys in (32, 64, 128) for warps in (4, 8) for stages in (2, 3, 4)]
 
 
 def _sdpa(query, key, value, visible, scale, backend=None):
@@ -51,11 +56,30 @@ def _split(target):
     return run
 
 
-ARMS = {
-    "sdpa_cudnn": lambda *a: _sdpa(*a, backend=SDPBackend.CUDNN_ATTENTION),
-    "sdpa": _sdpa,
-    "split": decode_attention.decode_attention,
-} | {f"split_{t}": _split(t) for t in TARGETS}
+def _tile(keys, warps, stages):
+    def run(query, key, value, visible, scale):
+        names = ("BLOCK_L", "WARPS", "STAGES")
+        defaults = [getattr(decode_attention, name) for name in names]
+        for name, value_ in zip(names, (keys, warps, stages), strict=True):
+            setattr(decode_attention, name, value_)
+        try:
+            return decode_attention.decode_attention(query, key, value, visible, scale)
+        finally:
+            for name, value_ in zip(names, defaults, strict=True):
+                setattr(decode_attention, name, value_)
+
+    return run
+
+
+ARMS = (
+    {
+        "sdpa_cudnn": lambda *a: _sdpa(*a, backend=SDPBackend.CUDNN_ATTENTION),
+        "sdpa": _sdpa,
+        "split": decode_attention.decode_attention,
+    }
+    | {f"split_{t}": _split(t) for t in TARGETS}
+    | {f"tile_{k}k{w}w{s}s": _tile(k, w, s) for k, w, s in TILES}
+)
 
 
 def main(out: str) -> None:
@@ -81,7 +105,7 @@ def main(out: str) -> None:
                     assert row[f"{arm}_max_err"] < 2e-2, f"{arm} is wrong: {row[f'{arm}_max_err']}"
                     calls = [functools.partial(fn, *c, visible, scale) for c in copies]
                     row[f"{arm}_us"] = timing.graph_us(calls)
-                except RuntimeError as exc:  # a backend this torch cannot run at this shape
+                except (RuntimeError, OutOfResources) as exc:  # a backend or tile this GPU cannot run here
                     row[f"{arm}_error"] = f"{type(exc).__name__}: {exc}"[:300]
             result["rows"].append(row)
             base = row.get("sdpa_cudnn_us") or row.get("sdpa_us")

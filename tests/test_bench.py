@@ -148,6 +148,29 @@ def test_split_decode_attention_is_attention_over_the_visible_cache(
     torch.testing.assert_close(ours, expected, **({} if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)))
 
 
+def test_every_tile_the_attention_probe_times_computes_the_attention(device):
+    """``probe_decode_attention``'s tile arms (keys a step, warps, stages) against plain softmax
+    attention, splits with no visible key and poisoned hidden slots included: a tile the probe
+    finds faster is one the benchmark may take. The interpreter has no warps or stages, so on the
+    CPU each width of step runs once."""
+    from flashrt.bench import decode_attention, probe_decode_attention
+
+    tiles = probe_decode_attention.TILES
+    if device.type == "cpu":
+        tiles = list({keys: (keys, warps, stages) for keys, warps, stages in tiles}.values())
+    query = torch.randn(2, 2, 4, 64, device=device).to(torch.bfloat16)
+    key, value = torch.randn(2, 2, 2, 259, 64, device=device).to(torch.bfloat16)
+    visible = torch.zeros(2, 259, dtype=torch.bool, device=device)
+    visible[:, :150] = True
+    key[:, :, 150:] = value[:, :, 150:] = float("nan")
+    expected = decode_attention.reference(query, key, value, visible, 0.125)
+    for keys, warps, stages in tiles:
+        ours = probe_decode_attention._tile(keys, warps, stages)(query, key, value, visible, 0.125)
+        assert decode_attention.BLOCK_L == 32 and (decode_attention.WARPS, decode_attention.STAGES) == (4, 3)
+        assert not ours.isnan().any(), (keys, warps, stages)
+        torch.testing.assert_close(ours, expected, atol=2e-2, rtol=2e-2, msg=f"tile {keys, warps, stages}")
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="PDL needs a GPU")
 def test_split_decode_attention_launched_with_pdl_reads_what_the_kernel_before_wrote(
     late_writer, same_bits_eager_and_replayed, monkeypatch
