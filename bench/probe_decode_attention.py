@@ -45,28 +45,19 @@ def _sdpa(query, key, value, visible, scale, backend=None):
         return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
 
 
-def _split(target):
+def _with_settings(**settings):
+    """``decode_attention`` with some of its module settings (``TARGET_PROGRAMS``, ``BLOCK_L``,
+    ``WARPS``, ``STAGES``) changed for the call, then put back."""
+
     def run(query, key, value, visible, scale):
-        default, decode_attention.TARGET_PROGRAMS = decode_attention.TARGET_PROGRAMS, target
+        defaults = {name: getattr(decode_attention, name) for name in settings}
+        for name, setting in settings.items():
+            setattr(decode_attention, name, setting)
         try:
             return decode_attention.decode_attention(query, key, value, visible, scale)
         finally:
-            decode_attention.TARGET_PROGRAMS = default
-
-    return run
-
-
-def _tile(keys, warps, stages):
-    def run(query, key, value, visible, scale):
-        names = ("BLOCK_L", "WARPS", "STAGES")
-        defaults = [getattr(decode_attention, name) for name in names]
-        for name, value_ in zip(names, (keys, warps, stages), strict=True):
-            setattr(decode_attention, name, value_)
-        try:
-            return decode_attention.decode_attention(query, key, value, visible, scale)
-        finally:
-            for name, value_ in zip(names, defaults, strict=True):
-                setattr(decode_attention, name, value_)
+            for name, setting in defaults.items():
+                setattr(decode_attention, name, setting)
 
     return run
 
@@ -77,8 +68,8 @@ ARMS = (
         "sdpa": _sdpa,
         "split": decode_attention.decode_attention,
     }
-    | {f"split_{t}": _split(t) for t in TARGETS}
-    | {f"tile_{k}k{w}w{s}s": _tile(k, w, s) for k, w, s in TILES}
+    | {f"split_{t}": _with_settings(TARGET_PROGRAMS=t) for t in TARGETS}
+    | {f"tile_{k}k{w}w{s}s": _with_settings(BLOCK_L=k, WARPS=w, STAGES=s) for k, w, s in TILES}
 )
 
 

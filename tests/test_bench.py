@@ -165,7 +165,8 @@ def test_every_tile_the_attention_probe_times_computes_the_attention(device):
     key[:, :, 150:] = value[:, :, 150:] = float("nan")
     expected = decode_attention.reference(query, key, value, visible, 0.125)
     for keys, warps, stages in tiles:
-        ours = probe_decode_attention._tile(keys, warps, stages)(query, key, value, visible, 0.125)
+        tile = probe_decode_attention._with_settings(BLOCK_L=keys, WARPS=warps, STAGES=stages)
+        ours = tile(query, key, value, visible, 0.125)
         assert decode_attention.BLOCK_L == 32 and (decode_attention.WARPS, decode_attention.STAGES) == (4, 3)
         assert not ours.isnan().any(), (keys, warps, stages)
         torch.testing.assert_close(ours, expected, atol=2e-2, rtol=2e-2, msg=f"tile {keys, warps, stages}")
