@@ -636,15 +636,23 @@ def prompts_for(model: torch.nn.Module, batch: int) -> torch.Tensor:
     return torch.randint(0, model.config.vocab_size, (batch, PROMPT), device="cuda")
 
 
+def compile_as_runs_do(inductor_pdl: bool) -> None:
+    """torch.compile's settings for a run: dynamo keeps a program for every batch and arm (each
+    batch is compiled afresh, ``batch_program``), and inductor launches its kernels with PDL
+    where ``inductor_pdl`` (its ``triton.enable_pdl``, on torches that have it)."""
+    from torch._inductor import config as inductor
+
+    torch._dynamo.config.cache_size_limit = 64
+    if hasattr(inductor.triton, "enable_pdl"):
+        inductor.triton.enable_pdl = inductor_pdl
+
+
 def probe_model(name: str, batch: int) -> tuple[torch.nn.Module, bool, torch.Tensor]:
     """What a probe of one model's decode step starts from (``bench/probe_greedy.py``,
     ``bench/probe_pdl_switches.py``): the full-depth model on the common ground of both arms,
     torch.compile's PDL on as ``main`` turns it on, whether it has expert banks, and ``batch``
     prompts."""
-    from torch._inductor import config as inductor
-
-    inductor.triton.enable_pdl = True
-    torch._dynamo.config.cache_size_limit = 64
+    compile_as_runs_do(inductor_pdl=True)
     model = build(name, 0)
     moe = serve_as_engines_do(model)["expert_banks"] > 0
     return model, moe, prompts_for(model, batch)
@@ -884,7 +892,6 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("flashrt bench e2e needs a CUDA GPU: this machine has none.")
         return 2
-    torch._dynamo.config.cache_size_limit = 64
     if args.cache_preference == "none":
         cache_preference.reset_on_load(cache_preference.PREFER_NONE)
     linear_mma_gluon.FOLD_SPLITS = args.split_sum == "fold"
@@ -895,8 +902,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--inductor-pdl on: torch {torch.__version__}'s inductor has no triton.enable_pdl; use off")
         return 2
     inductor_pdl = has_pdl and args.inductor_pdl != "off"
-    if has_pdl:
-        inductor.triton.enable_pdl = inductor_pdl
+    compile_as_runs_do(inductor_pdl)
     import transformers
 
     result = provenance() | {
