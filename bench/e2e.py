@@ -647,6 +647,12 @@ def compile_as_runs_do(inductor_pdl: bool) -> None:
         inductor.triton.enable_pdl = inductor_pdl
 
 
+def run_profile(moe: bool) -> SeatProfile:
+    """The seated arm's profile: the environment's settings over the parity floor the module
+    docstring gives (0.98 for expert banks), with the MoE band a seat on this GPU resolves."""
+    return _with_band(from_env(base=SeatProfile(parity_floor=0.98 if moe else 0.99)), torch.device("cuda"))
+
+
 def probe_model(name: str, batch: int) -> tuple[torch.nn.Module, bool, torch.Tensor]:
     """What a probe of one model's decode step starts from (``bench/probe_greedy.py``,
     ``bench/probe_pdl_switches.py``): the full-depth model on the common ground of both arms,
@@ -694,8 +700,7 @@ def run_model(
 
     # FLASHRT_* settings apply as in a served engine, e.g. FLASHRT_RETAIN_HOST_EXPERTS=0 sends the
     # 128-token prefill through the packed banks too, so the first-step logits exercise them.
-    profile = from_env(base=SeatProfile(parity_floor=0.98 if moe else 0.99))
-    profile = _with_band(profile, torch.device("cuda"))  # the band a seat on this GPU resolves
+    profile = run_profile(moe)
     result["parity_floor"] = profile.parity_floor
     result["retain_host_experts"], result["moe_band_t"] = profile.retain_host_experts, profile.moe_band_t
     torch.cuda.synchronize()

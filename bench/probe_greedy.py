@@ -19,8 +19,7 @@ import sys
 import torch
 from flashrt.bench import e2e
 from flashrt.bench.kernels import provenance
-from flashrt.runtime import SeatProfile, attach
-from flashrt.runtime.seats import _with_band
+from flashrt.runtime import attach
 
 
 def eager_argmax(logits: torch.Tensor) -> torch.Tensor:
@@ -43,8 +42,7 @@ def main(path: str, name: str = "qwen3-30b-a3b", batch: int = 1) -> None:
 
     e2e._pdl_for("bf16", "seated")
     arm("bf16", ("compiled greedy", "eager argmax", "compiled greedy"))
-    profile = _with_band(SeatProfile(parity_floor=0.98 if moe else 0.99), torch.device("cuda"))
-    attach(model, profile)
+    attach(model, e2e.run_profile(moe))
     e2e._pdl_for("seated", "seated")
     arm("seated", ("eager argmax", "compiled greedy"))
 

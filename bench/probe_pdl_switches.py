@@ -14,12 +14,10 @@ off until this measures them. The last setting of each arm is profiled, for its 
 import json
 import sys
 
-import torch
 from flashrt.bench import e2e, router_topk
 from flashrt.bench.kernels import provenance
 from flashrt.kernels import moe_ring_gluon
-from flashrt.runtime import SeatProfile, attach
-from flashrt.runtime.seats import _with_band
+from flashrt.runtime import attach
 
 # (arm, router's kernels with PDL, gate_up with PDL); the seated arm's gate_up is ours alone.
 SETTINGS = (
@@ -37,8 +35,7 @@ def main(path: str, name: str = "qwen3-30b-a3b", batch: int = 1) -> None:
     seated = False
     for i, (arm, router_pdl, gate_up_pdl) in enumerate(SETTINGS):
         if arm == "seated" and not seated:
-            profile = _with_band(SeatProfile(parity_floor=0.98 if moe else 0.99), torch.device("cuda"))
-            attach(model, profile)
+            attach(model, e2e.run_profile(moe))
             seated = True
         e2e._pdl_for(arm, "seated")
         router_topk.PDL_LAUNCH, moe_ring_gluon.PDL_GATE_UP = router_pdl, gate_up_pdl
