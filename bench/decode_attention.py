@@ -31,22 +31,39 @@ from HBM) it took a Qwen3-30B-A3B layer's attention from cuDNN's 17.1/25.5/25.8/
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
 from flashrt.kernels.decode import interpreted, launch_pdl, wait_then_let_next_start
 
-BLOCK_L = 32  # keys a step: the cache of the e2e (259 positions) in 9 steps, so 9 splits at most
 # Programs to aim for a layer: the H200's 132 SMs, so a batch-1 layer's 4 key-value heads split
-# 9 ways (36 programs, all the cache allows) and batch 16's 64 heads 3 ways (192).
+# 9 ways (36 programs, all the cache allows at 32 keys a step) and batch 16's 64 heads 3 ways (192).
 TARGET_PROGRAMS = 132
-# Warps and software-pipelined stages of the split kernel: Triton's defaults, named so that
-# ``bench/probe_decode_attention.py`` can time others beside them (with ``BLOCK_L``). Where the
-# sequences' heads alone make the programs (Llama-3-8B from 32 sequences) nothing is split, and a
-# program's nine steps run one after another: that layer took 17.3 us at 32 sequences (427f4ad)
-# for about 25 MB of visible cache, 1.5 TB/s.
-WARPS = 4
-STAGES = 3
+
+
+class Tile(NamedTuple):
+    """The split kernel's step (``BLOCK_L`` keys), warps and software-pipelined stages."""
+
+    keys: int
+    warps: int
+    stages: int
+
+
+# The split kernel's tile, by the (sequence, key-value head) pairs of a layer: ``NARROW`` below
+# ``WIDE_FROM_PAIRS``, ``WIDE`` from it. Where the pairs are few the cache is split many ways and a
+# 32-key step keeps nine splits possible; from 32 pairs the splits are 4 or fewer and a program
+# runs its steps one after another, so a 64-key step, twice the cache in flight a program, pays.
+# H200, e7e919e (``bench/results/h200-probe-decode-attention-tiles-e7e919e.json``), 18 tiles of
+# 32/64/128 keys, 4/8 warps, 2-4 stages at every e2e batch: 64 keys, 4 warps, 3 stages was the
+# fastest or within 0.1 us from 32 pairs, Llama-3-8B's layer 17.2 -> 15.9 us at 32 sequences
+# (256 pairs), 11.5 -> 10.3 at 16, 9.0 -> 8.7 at 8, Qwen3-30B-A3B's 12.3 -> 10.7 at 32, 7.6 -> 7.3
+# at 8 (32 pairs); below 32 pairs (Qwen3 at 1 and 4, Llama at 1) 0.1-0.3 us slower than 32 keys.
+# 128 keys never won by more than 0.1 us; 8 warps never won.
+NARROW = Tile(keys=32, warps=4, stages=3)
+WIDE = Tile(keys=64, warps=4, stages=3)
+WIDE_FROM_PAIRS = 32
 MASKED = tl.constexpr(-1.0e30)  # a masked key's score: finite, so a split with no visible key stays NaN-free
 # Both kernels launched with PDL where torch.compile launches its kernels so (``decode.launch_pdl``,
 # as the ring forms): each waits for the kernel before it, then lets the one after it start. A
@@ -162,12 +179,18 @@ def merge_splits_kernel(
     tl.store(out_ptr + row * D + dims, out.to(out_ptr.dtype.element_ty), mask=dims < D)
 
 
+def tile_for(programs: int) -> Tile:
+    """The split kernel's tile for ``programs`` (sequence, key-value head) pairs."""
+    return WIDE if programs >= WIDE_FROM_PAIRS else NARROW
+
+
 def split_keys(programs: int, length: int) -> int:
-    """Cache positions a split, for ``programs`` (sequence, key-value head) pairs: whole
-    ``BLOCK_L`` steps, splits enough for ``TARGET_PROGRAMS``, at most one a step."""
-    steps = triton.cdiv(length, BLOCK_L)
+    """Cache positions a split, for ``programs`` (sequence, key-value head) pairs: whole steps of
+    the pairs' tile, splits enough for ``TARGET_PROGRAMS``, at most one a step."""
+    block_l = tile_for(programs).keys
+    steps = triton.cdiv(length, block_l)
     wanted = max(1, min(triton.cdiv(TARGET_PROGRAMS, programs), steps))
-    return BLOCK_L * triton.cdiv(steps, wanted)
+    return block_l * triton.cdiv(steps, wanted)
 
 
 def split_count(programs: int, length: int) -> int:
@@ -190,6 +213,7 @@ def decode_attention(
         raise ValueError(
             f"decode_attention: visible must be bool [{batch}, {length}], got {visible.dtype} {list(visible.shape)}"
         )
+    tile = tile_for(batch * kv_heads)
     split_l = split_keys(batch * kv_heads, length)
     splits = triton.cdiv(length, split_l)
     partial = torch.empty(batch, kv_heads, splits, groups, dim, dtype=torch.float32, device=query.device)
@@ -204,9 +228,9 @@ def decode_attention(
         key.stride(0), key.stride(1), key.stride(2),
         value.stride(0), value.stride(1), value.stride(2),
         visible.stride(0), visible.stride(1),
-        SPLIT_L=split_l, BLOCK_L=BLOCK_L, G_POW2=max(16, triton.next_power_of_2(groups)), D_POW2=d_pow2,
+        SPLIT_L=split_l, BLOCK_L=tile.keys, G_POW2=max(16, triton.next_power_of_2(groups)), D_POW2=d_pow2,
         UPCAST=interpreted() or query.dtype == torch.float32, PDL=pdl, launch_pdl=pdl,
-        num_warps=WARPS, num_stages=STAGES,
+        num_warps=tile.warps, num_stages=tile.stages,
     )  # fmt: skip
     out = torch.empty(batch, kv_heads, groups, dim, dtype=query.dtype, device=query.device)
     merge_splits_kernel[(batch * kv_heads * groups,)](

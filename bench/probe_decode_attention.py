@@ -10,9 +10,10 @@ Qwen3-30B-A3B (4 key-value heads of 8 query heads) and Llama-3-8B (8 of 4) layer
 - ``sdpa``: the same, the backend torch picks in eager;
 - ``split`` and ``split_<programs>``: ``decode_attention`` with its ``TARGET_PROGRAMS`` (the
   default) and with other targets (1: no split), to check the default against its neighbours;
-- ``tile_<keys>k<warps>w<stages>s``: the default target with other tiles (``BLOCK_L`` keys a
-  step, ``WARPS``, ``STAGES``): wider steps put more of the cache in flight a program where the
-  heads alone fill the GPU and nothing is split (Llama-3-8B at 32 sequences: 17.3 us, 427f4ad).
+- ``tile_<keys>k<warps>w<stages>s``: the default target with one tile at every pair count
+  (keys a step, warps, stages) in place of ``decode_attention.tile_for``'s choice: wider steps put
+  more of the cache in flight a program where the heads alone fill the GPU and nothing is split
+  (Llama-3-8B at 32 sequences: 17.3 us at 32 keys, 427f4ad; 15.9 at 64, e7e919e).
 
 Every arm is checked against ``decode_attention.reference`` first, then timed by
 ``timing.graph_us`` (captured, caches rotated past L2). ``python3 bench/probe_decode_attention.py
@@ -26,6 +27,7 @@ import sys
 import torch
 import torch.nn.functional as F
 from flashrt.bench import decode_attention, e2e, timing
+from flashrt.bench.decode_attention import Tile
 from flashrt.bench.kernels import provenance
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.runtime.errors import OutOfResources
@@ -46,8 +48,8 @@ def _sdpa(query, key, value, visible, scale, backend=None):
 
 
 def _with_settings(**settings):
-    """``decode_attention`` with some of its module settings (``TARGET_PROGRAMS``, ``BLOCK_L``,
-    ``WARPS``, ``STAGES``) changed for the call, then put back."""
+    """``decode_attention`` with some of its module settings (``TARGET_PROGRAMS``, the ``NARROW``
+    and ``WIDE`` tiles) changed for the call, then put back."""
 
     def run(query, key, value, visible, scale):
         defaults = {name: getattr(decode_attention, name) for name in settings}
@@ -69,7 +71,7 @@ ARMS = (
         "split": decode_attention.decode_attention,
     }
     | {f"split_{t}": _with_settings(TARGET_PROGRAMS=t) for t in TARGETS}
-    | {f"tile_{k}k{w}w{s}s": _with_settings(BLOCK_L=k, WARPS=w, STAGES=s) for k, w, s in TILES}
+    | {f"tile_{k}k{w}w{s}s": _with_settings(NARROW=Tile(k, w, s), WIDE=Tile(k, w, s)) for k, w, s in TILES}
 )
 
 

@@ -123,6 +123,7 @@ def test_decode_attention_reads_each_kv_head_once_and_computes_sdpas_result(devi
     ("batch", "kv_heads", "groups", "length", "dim", "visible_upto", "dtype"),
     [
         (1, 4, 8, 259, 128, 130, torch.bfloat16),  # Qwen3-30B at batch 1: 9 splits, the last 4 with no visible key
+        (8, 4, 8, 259, 128, 130, torch.bfloat16),  # at batch 8: the wide tile, 5 splits of 64 keys, the last 2 hidden
         (5, 2, 1, 70, 80, 70, torch.float32),  # one query head a key-value head, a dimension not a power of 2
         (2, 3, 4, 33, 16, 1, torch.float32),  # one visible key
     ],
@@ -165,9 +166,9 @@ def test_every_tile_the_attention_probe_times_computes_the_attention(device):
     key[:, :, 150:] = value[:, :, 150:] = float("nan")
     expected = decode_attention.reference(query, key, value, visible, 0.125)
     for keys, warps, stages in tiles:
-        tile = probe_decode_attention._with_settings(BLOCK_L=keys, WARPS=warps, STAGES=stages)
-        ours = tile(query, key, value, visible, 0.125)
-        assert decode_attention.BLOCK_L == 32 and (decode_attention.WARPS, decode_attention.STAGES) == (4, 3)
+        tile = decode_attention.Tile(keys, warps, stages)
+        ours = probe_decode_attention._with_settings(NARROW=tile, WIDE=tile)(query, key, value, visible, 0.125)
+        assert (decode_attention.NARROW, decode_attention.WIDE) == ((32, 4, 3), (64, 4, 3)), "put back"
         assert not ours.isnan().any(), (keys, warps, stages)
         torch.testing.assert_close(ours, expected, atol=2e-2, rtol=2e-2, msg=f"tile {keys, warps, stages}")
 
