@@ -21,7 +21,11 @@ kernel for the benchmark, where vLLM is not installed.
    interpreter (``UPCAST``), keep the fp32 dots: Triton 3.9's interpreter gets bf16 ``tl.dot``
    wrong (off by 1e9 on CPU).
 2. ``merge_splits_kernel``: one program a (sequence, query head), the splits' partial softmaxes
-   merged in split order (deterministic, no atomics).
+   merged in split order (deterministic, no atomics). Where the pairs alone fill the GPU and the
+   cache is one split (Llama-3-8B from 17 sequences), the split kernel normalizes its output
+   itself (``WHOLE``) and there is no merge, as FlashAttention's split-KV decode does at one
+   split: at 32 sequences that merge was a launch a layer, 51 us of bf16's 5.14 ms step
+   (a040892, ``h200-e2e-llama-a040892-b4b16b32-profiled.json``).
 
 On the H200 (427f4ad, ``bench/results/h200-probe-decode-attention-427f4ad.json``, the cache
 from HBM) it took a Qwen3-30B-A3B layer's attention from cuDNN's 17.1/25.5/25.8/28.2 us to
@@ -104,11 +108,14 @@ def decode_attention_kernel(
     G_POW2: tl.constexpr,
     D_POW2: tl.constexpr,
     UPCAST: tl.constexpr,
+    WHOLE: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """``partial[b, h, split, g]``, ``max``, ``sum``: query head g of key-value head h of sequence b
-    over the visible keys of cache positions ``[split * SPLIT_L, (split + 1) * SPLIT_L)``."""
-    wait_then_let_next_start(PDL)  # the query and cache are the kernels' before; the merge may start and wait
+    over the visible keys of cache positions ``[split * SPLIT_L, (split + 1) * SPLIT_L)``. With
+    ``WHOLE`` (one split) the softmax is already whole: ``partial`` is the output, normalized in
+    its dtype, and there is no max or sum to keep."""
+    wait_then_let_next_start(PDL)  # the query and cache are the kernels' before; the next may start and wait
     bh, split = tl.program_id(0), tl.program_id(1)
     b, h = bh // KV_HEADS, bh % KV_HEADS
     rows = tl.arange(0, G_POW2)
@@ -144,9 +151,14 @@ def decode_attention_kernel(
         running_max = new_max
     splits = tl.num_programs(1)
     at = (bh * splits + split) * G + rows
-    tl.store(partial_ptr + at[:, None] * D + dims[None, :], acc, mask=(rows[:, None] < G) & dim_mask[None, :])
-    tl.store(max_ptr + at, running_max, mask=rows < G)
-    tl.store(sum_ptr + at, running_sum, mask=rows < G)
+    out_mask = (rows[:, None] < G) & dim_mask[None, :]
+    if WHOLE:
+        out = acc / running_sum[:, None]
+        tl.store(partial_ptr + at[:, None] * D + dims[None, :], out.to(partial_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        tl.store(partial_ptr + at[:, None] * D + dims[None, :], acc, mask=out_mask)
+        tl.store(max_ptr + at, running_max, mask=rows < G)
+        tl.store(sum_ptr + at, running_sum, mask=rows < G)
 
 
 @triton.jit
@@ -216,7 +228,9 @@ def decode_attention(
     tile = tile_for(batch * kv_heads)
     split_l = split_keys(batch * kv_heads, length)
     splits = triton.cdiv(length, split_l)
-    partial = torch.empty(batch, kv_heads, splits, groups, dim, dtype=torch.float32, device=query.device)
+    out = torch.empty(batch, kv_heads, groups, dim, dtype=query.dtype, device=query.device)
+    whole = splits == 1  # the split kernel writes the output; no merge to launch
+    partial = out if whole else query.new_empty(batch, kv_heads, splits, groups, dim, dtype=torch.float32)
     maxes = torch.empty(batch, kv_heads, splits, groups, dtype=torch.float32, device=query.device)
     sums = torch.empty_like(maxes)
     d_pow2 = triton.next_power_of_2(dim)
@@ -229,14 +243,14 @@ def decode_attention(
         value.stride(0), value.stride(1), value.stride(2),
         visible.stride(0), visible.stride(1),
         SPLIT_L=split_l, BLOCK_L=tile.keys, G_POW2=max(16, triton.next_power_of_2(groups)), D_POW2=d_pow2,
-        UPCAST=interpreted() or query.dtype == torch.float32, PDL=pdl, launch_pdl=pdl,
+        UPCAST=interpreted() or query.dtype == torch.float32, WHOLE=whole, PDL=pdl, launch_pdl=pdl,
         num_warps=tile.warps, num_stages=tile.stages,
     )  # fmt: skip
-    out = torch.empty(batch, kv_heads, groups, dim, dtype=query.dtype, device=query.device)
-    merge_splits_kernel[(batch * kv_heads * groups,)](
-        partial, maxes, sums, out, groups, dim, splits, SPLITS_POW2=triton.next_power_of_2(splits), D_POW2=d_pow2,
-        PDL=pdl, launch_pdl=pdl,
-    )  # fmt: skip
+    if not whole:
+        merge_splits_kernel[(batch * kv_heads * groups,)](
+            partial, maxes, sums, out, groups, dim, splits, SPLITS_POW2=triton.next_power_of_2(splits), D_POW2=d_pow2,
+            PDL=pdl, launch_pdl=pdl,
+        )  # fmt: skip
     return out
 
 

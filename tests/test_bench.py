@@ -120,16 +120,17 @@ def test_decode_attention_reads_each_kv_head_once_and_computes_sdpas_result(devi
 
 
 @pytest.mark.parametrize(
-    ("batch", "kv_heads", "groups", "length", "dim", "visible_upto", "dtype"),
+    ("batch", "kv_heads", "groups", "length", "dim", "visible_upto", "dtype", "splits"),
     [
-        (1, 4, 8, 259, 128, 130, torch.bfloat16),  # Qwen3-30B at batch 1: 9 splits, the last 4 with no visible key
-        (8, 4, 8, 259, 128, 130, torch.bfloat16),  # at batch 8: the wide tile, 5 splits of 64 keys, the last 2 hidden
-        (5, 2, 1, 70, 80, 70, torch.float32),  # one query head a key-value head, a dimension not a power of 2
-        (2, 3, 4, 33, 16, 1, torch.float32),  # one visible key
+        (1, 4, 8, 259, 128, 130, torch.bfloat16, 9),  # Qwen3-30B at batch 1: the last 4 splits with no visible key
+        (8, 4, 8, 259, 128, 130, torch.bfloat16, 5),  # at batch 8: the wide tile, 64 keys a split, the last 2 hidden
+        (5, 2, 1, 70, 80, 70, torch.float32, 3),  # one query head a key-value head, a dimension not a power of 2
+        (2, 3, 4, 33, 16, 1, torch.float32, 2),  # one visible key
+        (33, 4, 2, 100, 16, 60, torch.bfloat16, 1),  # 132 pairs fill the GPU: one split, normalized in place, no merge
     ],
 )
 def test_split_decode_attention_is_attention_over_the_visible_cache(
-    batch, kv_heads, groups, length, dim, visible_upto, dtype, device
+    batch, kv_heads, groups, length, dim, visible_upto, dtype, splits, device
 ):
     """The split kernel and its merge against plain softmax attention: every split's partial
     softmax weighed by its max, splits with no visible key adding nothing, positions past the
@@ -142,7 +143,7 @@ def test_split_decode_attention_is_attention_over_the_visible_cache(
     visible[:, :visible_upto] = True
     visible[0, 0] = visible_upto == 1  # with more visible, a sequence whose first key is hidden
     key[:, :, visible_upto:] = value[:, :, visible_upto:] = float("nan")
-    assert decode_attention.split_count(batch * kv_heads, length) > 1
+    assert decode_attention.split_count(batch * kv_heads, length) == splits
     ours = decode_attention.decode_attention(query, key, value, visible, dim**-0.5)
     expected = decode_attention.reference(query, key, value, visible, dim**-0.5)
     assert ours.shape == expected.shape and ours.dtype == dtype and not ours.isnan().any()
@@ -174,16 +175,17 @@ def test_every_tile_the_attention_probe_times_computes_the_attention(device):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="PDL needs a GPU")
+@pytest.mark.parametrize("batch", [1, 17])  # 9 splits and the merge; 136 pairs, one split, no merge
 def test_split_decode_attention_launched_with_pdl_reads_what_the_kernel_before_wrote(
-    late_writer, same_bits_eager_and_replayed, monkeypatch
+    batch, late_writer, same_bits_eager_and_replayed, monkeypatch
 ):
     """``PDL_LAUNCH``: the split kernel and its merge start while the kernel before them runs (that
     kernel lets them, then spends 50 us before writing the query), and read the query only after
-    it is done (``gdc_wait``), the merge the partials only after the split kernel is; eagerly and
-    in a CUDA graph. Bit for bit the attention on the query written long before."""
+    it is done (``gdc_wait``), the merge (at 9 splits) the partials only after the split kernel is;
+    eagerly and in a CUDA graph. Bit for bit the attention on the query written long before."""
     from flashrt.bench import decode_attention
 
-    batch, kv_heads, groups, length, dim = 1, 8, 4, 259, 128
+    kv_heads, groups, length, dim = 8, 4, 259, 128
     source = torch.randn(batch, kv_heads, groups, dim, device="cuda").to(torch.bfloat16)
     query = torch.empty_like(source)
     key, value = torch.randn(2, batch, kv_heads, length, dim, device="cuda").to(torch.bfloat16)
