@@ -325,6 +325,20 @@ _MOE_REDUCE_SIG = {
     "stride_ym": "i32",
     "stride_om": "i32",
 }
+# The benchmark's decode attention (``bench/decode_attention.py``), which both e2e arms run.
+_ATTENTION_SIG = {
+    **{f"{name}_ptr": "*bf16" for name in ("q", "k", "v")},
+    "visible_ptr": "*i1",
+    **{f"{name}_ptr": "*fp32" for name in ("partial", "max", "sum")},
+    **{name: "i32" for name in ("KV_HEADS", "G", "L", "D")},
+    "scale": "fp32",
+    **{f"stride_{name}": "i32" for name in ("qb", "qh", "qg", "kb", "kh", "kl", "vb", "vh", "vl", "mb", "ml")},
+}
+_MERGE_SIG = {
+    **{f"{name}_ptr": "*fp32" for name in ("partial", "max", "sum")},
+    "out_ptr": "*bf16",
+    **{name: "i32" for name in ("G", "D", "SPLITS")},
+}
 _PERMUTE_SIG = {"x_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "stride_xm": "i32", "stride_om": "i32"}
 _DEQUANT_SIG = {
     "packed_ptr": "*u8",
@@ -579,6 +593,23 @@ def builds() -> Iterator[Build]:
             1,
         )
     )
+    yield from _attention_builds()
+
+
+def _attention_builds() -> Iterator[Build]:
+    """The benchmark's decode attention at each of its tiles, split (partials for the merge) or
+    whole (the output itself, bf16), with PDL as both e2e arms launch it, and its merge."""
+    from flashrt.bench import decode_attention
+
+    for tile, whole in product((decode_attention.NARROW, decode_attention.WIDE), (False, True)):
+        consts = {"SPLIT_L": 2 * tile.keys, "BLOCK_L": tile.keys, "G_POW2": 16, "D_POW2": 128, "UPCAST": False}
+        consts |= {"WHOLE": whole, "PDL": True}
+        sig = _with_constexprs(_ATTENTION_SIG | ({"partial_ptr": "*bf16"} if whole else {}), consts)
+        fn = decode_attention.decode_attention_kernel
+        yield Build("decode_attention", fn, sig, consts, tile.warps, tile.stages)
+    consts = {"SPLITS_POW2": 16, "D_POW2": 128, "PDL": True}
+    fn = decode_attention.merge_splits_kernel
+    yield Build("merge_splits", fn, _with_constexprs(_MERGE_SIG, consts), consts, 4, 1)
 
 
 def _settings(b: Build) -> set[tuple]:
