@@ -28,10 +28,17 @@ def merged_rows(results: Sequence[dict], key: Key) -> list[dict]:
     return rows
 
 
-def merged_result(paths: Sequence[Path], shared: Sequence[str], key: Key, tags: Sequence[str] = ()) -> dict:
+def merged_result(
+    paths: Sequence[Path],
+    shared: Sequence[str],
+    key: Key,
+    tags: Sequence[str] = (),
+    from_run: Callable[[dict, dict], dict] | None = None,
+) -> dict:
     """The runs at ``paths`` as one result: what they share, and their rows (``merged_rows``),
-    each with its run's ``commit``, ``date``, ``source`` (the file's name) and ``tags`` (None where
-    a run predates a tag); ``commit`` and ``sources`` list the runs the rows came from."""
+    each with its run's ``commit``, ``date``, ``source`` (the file's name), ``tags`` (None where
+    a run predates a tag) and what ``from_run(run, row)`` finds for it elsewhere in its run;
+    ``commit`` and ``sources`` list the runs the rows came from."""
     results = [json.loads(Path(path).read_text()) for path in paths]
     for name in shared:
         values = {str(r.get(name)) for r in results}
@@ -40,7 +47,11 @@ def merged_result(paths: Sequence[Path], shared: Sequence[str], key: Key, tags: 
     tagged = [
         {
             "rows": [
-                row | {t: r[t] for t in ("commit", "date")} | {t: r.get(t) for t in tags} | {"source": Path(path).name}
+                row
+                | {t: r[t] for t in ("commit", "date")}
+                | {t: r.get(t) for t in tags}
+                | (from_run(r, row) if from_run else {})
+                | {"source": Path(path).name}
                 for row in r["rows"]
             ]
         }

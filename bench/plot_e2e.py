@@ -78,6 +78,19 @@ SHARED = ("device", "capability", "cuda", "torch", "triton", "transformers", "pr
 TAGS = ("linear_attention_kernels", "attention_pdl", "pdl_arms", "router_logits_max_tokens")
 
 
+def model_figures(run: dict, row: dict) -> dict:
+    """What a run measured once for a row's model rather than a batch: its attach (seconds, with
+    the adjudication a fresh tuning cache needs) and greedy ``generate()`` at batch 1 (eager, host
+    work included) in both arms; None where a run did not record one."""
+    model = next((m for m in run.get("models", []) if m["model"] == f"{row['model']}-shaped, random weights"), {})
+    generate = model.get("generate_batch1") or {}
+    return {
+        "attach_seconds": model.get("attach_seconds"),
+        "generate_bf16_tok_s": generate.get("bf16_tok_s"),
+        "generate_ours_tok_s": generate.get("ours_tok_s"),
+    }
+
+
 def key(row: dict) -> tuple[str, int]:
     """One measurement of the table: a model at a batch."""
     return row["model"], row["batch"]
@@ -85,8 +98,8 @@ def key(row: dict) -> tuple[str, int]:
 
 def merged_result(paths: list[Path]) -> dict:
     """The runs at ``paths`` as one result (``merge.merged_result``): a (model, batch) from the
-    first run that has it."""
-    return merge.merged_result(paths, SHARED, key, TAGS)
+    first run that has it, with its run's ``model_figures``."""
+    return merge.merged_result(paths, SHARED, key, TAGS, model_figures)
 
 
 def series(rows: list[dict]) -> dict[str, tuple[list[int], list[float]]]:

@@ -367,7 +367,8 @@ def test_merged_projections_compute_what_the_separate_ones_compute(kind, groups,
 def test_the_committed_e2e_result_is_the_listed_runs_merged_and_the_figure_draws_it(tmp_path):
     """``bench/results/h200-e2e.json`` is exactly ``DEFAULT_RESULTS`` merged (a run added to the
     list and not merged, or a hand edit, fails here); each (model, batch) once, from the first run
-    that has it, with that run's commit and file; runs of other versions are refused."""
+    that has it, with that run's commit, file, attach time and ``generate()`` figures; runs of
+    other versions are refused."""
     import json
 
     from flashrt.bench import merge, plot_e2e
@@ -386,6 +387,13 @@ def test_the_committed_e2e_result_is_the_listed_runs_merged_and_the_figure_draws
         )
         own = next(r for r in results[first]["rows"] if (r["model"], r["batch"]) == (row["model"], row["batch"]))
         assert row["source"] == first and row["commit"] == results[first]["commit"] and row == own | row
+        model = next(m for m in results[first]["models"] if m["model"].startswith(row["model"] + "-shaped"))
+        assert row["attach_seconds"] == model["attach_seconds"] > 0, "the attach of the run the row is from"
+        generate = model.get("generate_batch1") or {}
+        assert (row["generate_bf16_tok_s"], row["generate_ours_tok_s"]) == (
+            generate.get("bf16_tok_s"),
+            generate.get("ours_tok_s"),
+        )
     assert merged["commit"] == list(dict.fromkeys(r["commit"] for r in rows))
     assert all(merged[key] == results[merged["sources"][0]][key] for key in plot_e2e.SHARED)
     again = merge.merged_rows([*results.values(), *results.values()], plot_e2e.key)  # a measurement is taken once
