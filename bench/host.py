@@ -10,7 +10,12 @@ Arms, all on the same weight and input: ``bf16`` (``nn.Linear``, what an unseate
 ``seated`` (the seated module as it is called eagerly), and ``through_ops``: the same seat
 entered through both ``torch.library`` ops, as an eager call was served before eager calls
 skipped the dispatcher (the outer op measured whole, the inner op's hop as its difference
-from the direct call). Writes ``bench/results/<device>-host.json`` with provenance.
+from the direct call). On a GPU the direct call is also taken apart: ``choose`` (the tuning
+cache's recall of the shape's choice, ``ops.choose_linear``) and ``launch`` (the chosen form's
+launcher on a ready output: its grid and Triton's launch); the rest of the direct call is the
+checks, the reshapes and the output's allocation. At ed4426a the direct call took 63.9 us of the
+seated call's 74.3 on the H200's host, against bf16's 19.2. Writes
+``bench/results/<device>-host.json`` with provenance.
 """
 
 from __future__ import annotations
@@ -50,6 +55,18 @@ def _us_per_call(arms: dict, device: torch.device, calls: int, rounds: int = 15)
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def _direct_call_parts(x: torch.Tensor, w) -> dict:
+    """The direct call's two large parts as arms of their own: the recall of its choice and the
+    chosen form's launch (on a GPU, where ``linear`` launches a kernel)."""
+    choice = ops.choose_linear(x, w.packed, w.scales, w.global_scale, None, w.layout)
+    out = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
+    form, params, prmt = ops.LINEAR_FORMS[choice.form], ops.launch_params(choice, w.layout), ops._use_prmt(x.device)
+    return {
+        "choose": lambda: ops.choose_linear(x, w.packed, w.scales, w.global_scale, None, w.layout),
+        "launch": lambda: form.launch(x, w.packed, w.scales, w.global_scale, None, out, params, prmt),
+    }
+
+
 def run(features: int, calls: int, device: torch.device) -> dict:
     torch.manual_seed(0)
     layer = torch.nn.Linear(features, features, bias=False, dtype=torch.bfloat16, device=device)
@@ -69,11 +86,16 @@ def run(features: int, calls: int, device: torch.device) -> dict:
             "inner_op": lambda: torch.ops.flashrt.nvfp4_linear(x, w.packed, w.scales, w.global_scale, None, w.layout),
             "inner_direct": lambda: linear(x, w),
         }
+        if device.type == "cuda":
+            arms |= _direct_call_parts(x, w)
         assert ops.eager(x)
         figures = _us_per_call(arms, device, calls)
     handle.detach()
     through_ops = figures["outer_op"] + figures["inner_op"] - figures["inner_direct"]
-    return {
+    parts = {}
+    if "launch" in figures:
+        parts = {"direct_rest_us": figures["inner_direct"] - figures["choose"] - figures["launch"]}
+    return parts | {
         "features": features,
         "tokens": 1,
         "bf16_us": figures["bf16"],
@@ -107,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{result['device']}, torch {result['torch']}, {row['features']} x {row['features']}, one token, eager")
     for arm, us in row["arms_us"].items():
         print(f"  {arm:13s} {us:8.1f} us a call")
+    if "direct_rest_us" in row:
+        print(f"  the direct call less choose and launch: {row['direct_rest_us']:.1f} us")
     print(f"  seated {row['seated_us']:.1f} us against bf16 {row['bf16_us']:.1f} (x{row['seated_vs_bf16']:.2f})")
     print(f"  through both ops {row['through_ops_us']:.1f} us (x{row['through_ops_vs_seated']:.2f} the seated call)")
     print(f"wrote {out}")

@@ -508,8 +508,9 @@ def test_a_result_names_the_commit_whose_code_ran(tmp_path, monkeypatch):
 
 
 def test_the_host_bench_times_every_arm_and_writes_its_provenance(tmp_path, capsys):
-    """``python -m flashrt.bench host`` on the CPU: every arm timed on the same seated weight,
-    the old path's figure composed from the arms it names, the result with its commit."""
+    """``python -m flashrt.bench host``: every arm timed on the same seated weight (on a GPU the
+    direct call's recall and launch too), the old path's figure composed from the arms it names,
+    the result with its commit."""
     import json
 
     from flashrt.bench import host
@@ -520,8 +521,11 @@ def test_the_host_bench_times_every_arm_and_writes_its_provenance(tmp_path, caps
     assert result["commit"] and result["source_digest"] and result["torch"] == torch.__version__
     (row,) = result["rows"]
     arms = row["arms_us"]
-    assert set(arms) == {"bf16", "seated", "outer_op", "inner_op", "inner_direct"}
+    parts = {"choose", "launch"} if torch.cuda.is_available() else set()  # the direct call taken apart
+    assert set(arms) == {"bf16", "seated", "outer_op", "inner_op", "inner_direct"} | parts
     assert all(us > 0 for us in arms.values())
+    if parts:
+        assert row["direct_rest_us"] == pytest.approx(arms["inner_direct"] - arms["choose"] - arms["launch"])
     assert row["through_ops_us"] == pytest.approx(arms["outer_op"] + arms["inner_op"] - arms["inner_direct"])
     assert row["seated_vs_bf16"] == pytest.approx(arms["seated"] / arms["bf16"])
     assert "through both ops" in capsys.readouterr().out
