@@ -140,6 +140,23 @@ def _serve_own_port() -> None:
         log.info("flashrt: metrics port %s already served in this pod (%s)", port, exc)
 
 
+def eager_decode_warning(device_type: str, cudagraph_mode) -> str | None:
+    """What to tell a user whose GPU engine decodes without CUDA graphs (``enforce_eager``, or
+    ``cudagraph_mode`` none), or None. A seated call run eagerly costs more host time than bf16's:
+    on the H200's host a 4096 x 4096 projection at one token took 74.3 us against 19.2 (ed4426a,
+    ``python -m flashrt.bench host``), so an eager decode step, host-bound already, can get
+    slower with seats: transformers' eager ``generate()`` at batch 1 ran the seated arm at
+    0.49-0.86x bf16 where the captured step ran it at 1.9-2.3x (``bench/results/h200-e2e.json``)."""
+    if device_type != "cuda" or getattr(cudagraph_mode, "name", cudagraph_mode) != "NONE":
+        return None
+    return (
+        "flashrt: this engine decodes without CUDA graphs (enforce_eager, or cudagraph_mode none). "
+        "A seated call costs more host time than a bf16 one, so eager decode can be slower with seats "
+        "than without: drop enforce_eager so that vLLM replays decode steps from CUDA graphs, or remove "
+        "the flashrt.io/inject label (FLASHRT_ENABLE) from this workload."
+    )
+
+
 def _seating(load_model):
     def wrapped(self, *args, **kwargs):
         result = load_model(self, *args, **kwargs)
@@ -148,6 +165,11 @@ def _seating(load_model):
 
         # Errors in the profile stop here with the variable named; strict is attach's to enforce.
         self._flashrt_handle = attach_vllm(self.model, from_env())
+        compilation = getattr(self, "compilation_config", None)
+        device = getattr(self, "device", None)
+        warning = eager_decode_warning(getattr(device, "type", ""), getattr(compilation, "cudagraph_mode", None))
+        if warning and any(seat.state == "seated" for seat in self._flashrt_handle.seats):
+            log.warning(warning)
         _serve_own_port()
         return result
 

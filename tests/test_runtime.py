@@ -436,3 +436,44 @@ def test_the_plugin_does_nothing_unless_enabled(monkeypatch):
     monkeypatch.setenv("FLASHRT_ENABLE", "0")
     vllm_plugin.register()
     assert calls == []
+
+
+@pytest.mark.parametrize(
+    ("device", "mode", "seated", "warns"),
+    [
+        ("cuda", "NONE", True, True),  # enforce_eager: vLLM sets cudagraph_mode none
+        ("cuda", "FULL_AND_PIECEWISE", True, False),  # vLLM's default: decode replayed from graphs
+        ("cuda", "NONE", False, False),  # nothing seated, nothing slower
+        ("cpu", "NONE", True, False),  # the CPU backend has no graphs to choose
+    ],
+)
+def test_a_gpu_engine_that_decodes_eagerly_is_told_seats_can_slow_it(device, mode, seated, warns, monkeypatch, caplog):
+    """After seating, a GPU runner without CUDA graphs gets a warning naming the cause and the fix:
+    eager seated calls cost more host time than bf16's, so eager decode can get slower."""
+    import enum
+    import types
+
+    from flashrt.runtime import vllm_plugin, vllm_seats
+
+    Mode = enum.Enum("CUDAGraphMode", ["NONE", "PIECEWISE", "FULL_AND_PIECEWISE"])  # vLLM's is an enum
+    seats = [types.SimpleNamespace(state="seated" if seated else "refused")]
+    monkeypatch.setattr(vllm_seats, "attach_vllm", lambda model, profile: types.SimpleNamespace(seats=seats))
+    monkeypatch.delenv("FLASHRT_METRICS_PORT", raising=False)
+
+    class Runner:
+        def __init__(self):
+            self.device = torch.device(device)
+            self.compilation_config = types.SimpleNamespace(cudagraph_mode=Mode[mode])
+
+        def load_model(self):
+            self.model = torch.nn.Linear(4, 4)
+            return "loaded"
+
+    load = vllm_plugin._seating(Runner.load_model)
+    with caplog.at_level("WARNING", logger="flashrt"):
+        assert load(Runner()) == "loaded"
+    warned = [r.getMessage() for r in caplog.records if "without CUDA graphs" in r.getMessage()]
+    assert len(warned) == warns
+    if warns:
+        assert "drop enforce_eager" in warned[0] and "flashrt.io/inject" in warned[0]
+    assert vllm_plugin.eager_decode_warning("cuda", "NONE") and not vllm_plugin.eager_decode_warning("cuda", None)
