@@ -439,7 +439,7 @@ def test_the_plugin_does_nothing_unless_enabled(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("device", "mode", "seated", "warns"),
+    ("device_type", "mode", "seated", "warns"),
     [
         ("cuda", "NONE", True, True),  # enforce_eager: vLLM sets cudagraph_mode none
         ("cuda", "FULL_AND_PIECEWISE", True, False),  # vLLM's default: decode replayed from graphs
@@ -447,7 +447,9 @@ def test_the_plugin_does_nothing_unless_enabled(monkeypatch):
         ("cpu", "NONE", True, False),  # the CPU backend has no graphs to choose
     ],
 )
-def test_a_gpu_engine_that_decodes_eagerly_is_told_seats_can_slow_it(device, mode, seated, warns, monkeypatch, caplog):
+def test_a_gpu_engine_that_decodes_eagerly_is_told_seats_can_slow_it(
+    device_type, mode, seated, warns, monkeypatch, caplog
+):
     """After seating, a GPU runner without CUDA graphs gets a warning naming the cause and the fix:
     eager seated calls cost more host time than bf16's, so eager decode can get slower."""
     import enum
@@ -462,7 +464,7 @@ def test_a_gpu_engine_that_decodes_eagerly_is_told_seats_can_slow_it(device, mod
 
     class Runner:
         def __init__(self):
-            self.device = torch.device(device)
+            self.device = torch.device(device_type)
             self.compilation_config = types.SimpleNamespace(cudagraph_mode=Mode[mode])
 
         def load_model(self):
