@@ -57,8 +57,8 @@ class Tile(NamedTuple):
 
 # The split kernel's tile, by the (sequence, key-value head) pairs of a layer: ``NARROW`` below
 # ``WIDE_FROM_PAIRS``, ``WIDE`` from it. Where the pairs are few the cache is split many ways and a
-# 32-key step keeps nine splits possible; from 32 pairs the splits are 4 or fewer and a program
-# runs its steps one after another, so a 64-key step, twice the cache in flight a program, pays.
+# 32-key step keeps nine splits possible; from 32 pairs a split is two or more 32-key steps, which
+# a program runs one after another, so a 64-key step, twice the cache in flight a program, pays.
 # H200, e7e919e (``bench/results/h200-probe-decode-attention-tiles-e7e919e.json``), 18 tiles of
 # 32/64/128 keys, 4/8 warps, 2-4 stages at every e2e batch: 64 keys, 4 warps, 3 stages was the
 # fastest or within 0.1 us from 32 pairs, Llama-3-8B's layer 17.2 -> 15.9 us at 32 sequences
