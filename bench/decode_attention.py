@@ -65,9 +65,12 @@ class Tile(NamedTuple):
 # (256 pairs), 11.5 -> 10.3 at 16, 9.0 -> 8.7 at 8, Qwen3-30B-A3B's 12.3 -> 10.7 at 32, 7.6 -> 7.3
 # at 8 (32 pairs); below 32 pairs (Qwen3 at 1 and 4, Llama at 1) 0.1-0.3 us slower than 32 keys.
 # 128 keys never won by more than 0.1 us; 8 warps never won.
+# The sweep's layers have heads of 128; at Qwen3.5-35B-A3B's 256 a 64-key step holds twice the
+# keys and values a thread, and it has not been timed, so those layers keep ``NARROW``.
 NARROW = Tile(keys=32, warps=4, stages=3)
 WIDE = Tile(keys=64, warps=4, stages=3)
 WIDE_FROM_PAIRS = 32
+WIDE_MAX_DIM = 128
 MASKED = tl.constexpr(-1.0e30)  # a masked key's score: finite, so a split with no visible key stays NaN-free
 # Both kernels launched with PDL where torch.compile launches its kernels so (``decode.launch_pdl``,
 # as the ring forms): each waits for the kernel before it, then lets the one after it start. A
@@ -191,23 +194,23 @@ def merge_splits_kernel(
     tl.store(out_ptr + row * D + dims, out.to(out_ptr.dtype.element_ty), mask=dims < D)
 
 
-def tile_for(programs: int) -> Tile:
-    """The split kernel's tile for ``programs`` (sequence, key-value head) pairs."""
-    return WIDE if programs >= WIDE_FROM_PAIRS else NARROW
+def tile_for(programs: int, dim: int) -> Tile:
+    """The split kernel's tile for ``programs`` (sequence, key-value head) pairs of heads of ``dim``."""
+    return WIDE if programs >= WIDE_FROM_PAIRS and dim <= WIDE_MAX_DIM else NARROW
 
 
-def split_keys(programs: int, length: int) -> int:
-    """Cache positions a split, for ``programs`` (sequence, key-value head) pairs: whole steps of
-    the pairs' tile, splits enough for ``TARGET_PROGRAMS``, at most one a step."""
-    block_l = tile_for(programs).keys
+def split_keys(programs: int, length: int, dim: int) -> int:
+    """Cache positions a split, for ``programs`` (sequence, key-value head) pairs of heads of
+    ``dim``: whole steps of their tile, splits enough for ``TARGET_PROGRAMS``, at most one a step."""
+    block_l = tile_for(programs, dim).keys
     steps = triton.cdiv(length, block_l)
     wanted = max(1, min(triton.cdiv(TARGET_PROGRAMS, programs), steps))
     return block_l * triton.cdiv(steps, wanted)
 
 
-def split_count(programs: int, length: int) -> int:
+def split_count(programs: int, length: int, dim: int) -> int:
     """The splits ``decode_attention`` launches (``split_keys`` positions each)."""
-    return triton.cdiv(length, split_keys(programs, length))
+    return triton.cdiv(length, split_keys(programs, length, dim))
 
 
 @torch.library.custom_op("flashrt_bench::decode_attention", mutates_args=())
@@ -225,8 +228,8 @@ def decode_attention(
         raise ValueError(
             f"decode_attention: visible must be bool [{batch}, {length}], got {visible.dtype} {list(visible.shape)}"
         )
-    tile = tile_for(batch * kv_heads)
-    split_l = split_keys(batch * kv_heads, length)
+    tile = tile_for(batch * kv_heads, dim)
+    split_l = split_keys(batch * kv_heads, length, dim)
     splits = triton.cdiv(length, split_l)
     out = torch.empty(batch, kv_heads, groups, dim, dtype=query.dtype, device=query.device)
     whole = splits == 1  # the split kernel writes the output; no merge to launch

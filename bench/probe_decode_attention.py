@@ -3,7 +3,8 @@
 In the e2e step at b045f1b (H200) cuDNN's sdpa, one program a (sequence, key-value head), took
 11.3 us a layer at batch 1 and 24 at 16 for the 259-position cache (``bench/decode_attention.py``
 says why that is slow). This times, at the e2e's cache and at every e2e batch, for the
-Qwen3-30B-A3B (4 key-value heads of 8 query heads) and Llama-3-8B (8 of 4) layers:
+Qwen3-30B-A3B (4 key-value heads of 8 query heads), Llama-3-8B (8 of 4) and Qwen3.5-35B-A3B
+(2 of 8, heads of 256) layers:
 
 - ``sdpa_cudnn``: the query heads of a key-value head as its rows through
   ``F.scaled_dot_product_attention`` on the cuDNN backend, what the e2e's compiled step ran;
@@ -32,7 +33,8 @@ from flashrt.bench.kernels import provenance
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.runtime.errors import OutOfResources
 
-LAYERS = {"qwen3-30b-a3b": (4, 8, 128), "llama3-8b": (8, 4, 128)}  # key-value heads, query heads each, dim
+# key-value heads, query heads each, dim
+LAYERS = {"qwen3-30b-a3b": (4, 8, 128), "llama3-8b": (8, 4, 128), "qwen3.5-35b-a3b": (2, 8, 256)}
 LENGTH = e2e.PROMPT + e2e.GENERATED + e2e.WARM_STEPS
 VISIBLE = e2e.PROMPT + e2e.GENERATED // 2  # mid-generation
 TARGETS = (1, 66, 264, 528)
@@ -90,7 +92,7 @@ def main(out: str) -> None:
             scale = dim**-0.5
             expected = decode_attention.reference(*copies[0], visible, scale).float()
             row = {"model": model, "batch": batch, "kv_heads": kv_heads, "groups": groups, "dim": dim}
-            row["splits"] = decode_attention.split_count(batch * kv_heads, LENGTH)
+            row["splits"] = decode_attention.split_count(batch * kv_heads, LENGTH, dim)
             for arm, fn in ARMS.items():
                 try:
                     got = fn(*copies[0], visible, scale).float()

@@ -127,6 +127,8 @@ def test_decode_attention_reads_each_kv_head_once_and_computes_sdpas_result(devi
         (5, 2, 1, 70, 80, 70, torch.float32, 3),  # one query head a key-value head, a dimension not a power of 2
         (2, 3, 4, 33, 16, 1, torch.float32, 2),  # one visible key
         (33, 4, 2, 100, 16, 60, torch.bfloat16, 1),  # 132 pairs fill the GPU: one split, normalized in place, no merge
+        (16, 2, 2, 100, 64, 60, torch.float32, 2),  # 32 pairs: 64-key steps, 2 splits
+        (16, 2, 2, 100, 256, 60, torch.float32, 4),  # the same with Qwen3.5's heads of 256: 32-key steps, 4 splits
     ],
 )
 def test_split_decode_attention_is_attention_over_the_visible_cache(
@@ -143,7 +145,7 @@ def test_split_decode_attention_is_attention_over_the_visible_cache(
     visible[:, :visible_upto] = True
     visible[0, 0] = visible_upto == 1  # with more visible, a sequence whose first key is hidden
     key[:, :, visible_upto:] = value[:, :, visible_upto:] = float("nan")
-    assert decode_attention.split_count(batch * kv_heads, length) == splits
+    assert decode_attention.split_count(batch * kv_heads, length, dim) == splits
     ours = decode_attention.decode_attention(query, key, value, visible, dim**-0.5)
     expected = decode_attention.reference(query, key, value, visible, dim**-0.5)
     assert ours.shape == expected.shape and ours.dtype == dtype and not ours.isnan().any()
