@@ -597,17 +597,21 @@ def builds() -> Iterator[Build]:
 
 
 def _attention_builds() -> Iterator[Build]:
-    """The benchmark's decode attention at each of its tiles, split (partials for the merge) or
-    whole (the output itself, bf16), with PDL as both e2e arms launch it, and its merge."""
+    """The benchmark's decode attention at each of its tiles and the e2e's head sizes (128; 256,
+    Qwen3.5's, on the narrow tile), split (partials for the merge) or whole (the output itself,
+    bf16), with PDL as both e2e arms launch it, and its merge."""
     from flashrt.bench import decode_attention
 
-    for tile, whole in product((decode_attention.NARROW, decode_attention.WIDE), (False, True)):
-        consts = {"SPLIT_L": 2 * tile.keys, "BLOCK_L": tile.keys, "G_POW2": 16, "D_POW2": 128, "UPCAST": False}
+    narrow, wide = decode_attention.NARROW, decode_attention.WIDE
+    for (tile, dim), whole in product(
+        ((narrow, 128), (narrow, 256), (wide, decode_attention.WIDE_MAX_DIM)), (False, True)
+    ):
+        consts = {"SPLIT_L": 2 * tile.keys, "BLOCK_L": tile.keys, "G_POW2": 16, "D_POW2": dim, "UPCAST": False}
         consts |= {"WHOLE": whole, "PDL": True}
         sig = _with_constexprs(_ATTENTION_SIG | ({"partial_ptr": "*bf16"} if whole else {}), consts)
         fn = decode_attention.decode_attention_kernel
         yield Build("decode_attention", fn, sig, consts, tile.warps, tile.stages)
-    consts = {"SPLITS_POW2": 16, "D_POW2": 128, "PDL": True}
+    consts = {"SPLITS_POW2": 16, "D_POW2": 256, "PDL": True}
     fn = decode_attention.merge_splits_kernel
     yield Build("merge_splits", fn, _with_constexprs(_MERGE_SIG, consts), consts, 4, 1)
 

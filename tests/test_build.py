@@ -8,8 +8,8 @@ test session runs the kernels under the interpreter, which does not compile.
 
 The builds are the suite's largest CPU job. All 341 configurations for each of four targets
 were 34 minutes of one core (c866faf): in the foreground they made CI take 37 minutes, in the
-background 31 (the limit is 30; then 299 and 33 minutes). The covering is 160 a target (186 for
-sm_90, with the ``wgmma`` forms), the benchmark's decode attention and merge (5) among them.
+background 31 (the limit is 30; then 299 and 33 minutes). The covering is 161 a target (187 for
+sm_90, with the ``wgmma`` forms), the benchmark's decode attention and merge (6) among them.
 Much of the rest of the suite waits rather than computes (vLLM engines starting, servers
 answering), so ``conftest.py`` starts the builds at collection
 (``background_build.py``; xdist's controller does when the suite runs on workers), at the lowest
