@@ -417,6 +417,35 @@ def test_the_committed_e2e_result_is_the_listed_runs_merged_and_the_figure_draws
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_readme_s_decode_table_is_the_committed_e2e_result():
+    """Every row of the README's decode table is a row of ``bench/results/h200-e2e.json`` as that
+    file has it (tokens/s to 0.1, ratios to 0.01, the run's commit), and every row of the file
+    is in the table: a re-measured run merged without the README, or a figure edited by hand in
+    one of them, fails here."""
+    import json
+    from pathlib import Path
+
+    from flashrt.bench import plot_e2e
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    header = "| model | batch | bf16 tok/s | seated tok/s |"
+    lines = readme[readme.index(header) :].splitlines()[2:]
+    table = [[c.strip() for c in line.strip("|").split("|")] for line in lines[: lines.index("")]]
+    models = {"Llama-3-8B": "llama3-8b", "Qwen3-30B-A3B": "qwen3-30b-a3b", "Qwen3.5-35B-A3B": "qwen3.5-35b-a3b"}
+    rows = {(r["model"], r["batch"]): r for r in json.loads(plot_e2e.DEFAULT_MERGED.read_text())["rows"]}
+    seen, model = set(), None
+    for name, batch, bf16, ours, decode, prefill, commit in table:
+        model = next(key for label, key in models.items() if name.startswith(label)) if name else model
+        row = rows[model, int(batch)]
+        assert (bf16, ours) == (f"{row['bf16_tok_s']:.1f}", f"{row['ours_tok_s']:.1f}"), (model, batch)
+        assert (
+            decode == f"**{row['ours_tok_s'] / row['bf16_tok_s']:.2f}x**" and prefill == f"{row['prefill_ratio']:.2f}x"
+        )
+        assert commit == row["commit"][:7], (model, batch)
+        seen.add((model, int(batch)))
+    assert seen == set(rows)
+
+
 def test_the_committed_kernel_table_is_the_listed_runs_merged(tmp_path):
     """``bench/results/h200-kernels.json`` is exactly ``kernels.DEFAULT_RESULTS`` merged by
     ``kernels --merge``: every measurement once, from the first run that has it, with that run's
