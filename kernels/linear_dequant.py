@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 from flashrt.kernels import ring_layout
-from flashrt.kernels.decode import decode_codes, load_nvfp4_codes
+from flashrt.kernels.decode import cdiv, decode_codes, load_nvfp4_codes
 from flashrt.kernels.linear_mma import SMS
 
 # Below this many rows the decode pass costs more than the GEMM it feeds: the register-decoding
@@ -96,7 +96,7 @@ def dequantize_into(packed, scales, global_scale, out: torch.Tensor, config: dic
     """Rows ``[0, out.shape[0])`` of the weight decoded into ``out`` (in its dtype); ``LAYOUT``
     in the config: the weight's (``ring_layout``)."""
     n, k = out.shape
-    grid = (triton.cdiv(n, config["BLOCK_N"]), triton.cdiv(k, config["BLOCK_K"]))
+    grid = (cdiv(n, config["BLOCK_N"]), cdiv(k, config["BLOCK_K"]))
     nvfp4_dequant_kernel[grid](
         packed,
         scales.view(torch.uint8),
@@ -165,6 +165,6 @@ def configs(m: int, n: int, k: int) -> list[dict]:
     else:
         copies = [{"SLAB_ROWS": rows} for rows in SLAB_ROWS if rows < n and rows * k * 2 <= MAX_SLAB_BYTES]
     tiles = list(TILES)
-    if triton.cdiv(n, TILES[0]["BLOCK_N"]) * triton.cdiv(k, TILES[0]["BLOCK_K"]) < FEW_PROGRAMS:
+    if cdiv(n, TILES[0]["BLOCK_N"]) * cdiv(k, TILES[0]["BLOCK_K"]) < FEW_PROGRAMS:
         tiles.append(NARROW_TILE)
     return [tile | copy for tile in tiles for copy in copies]

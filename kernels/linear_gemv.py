@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from flashrt.kernels.decode import load_nvfp4_halves
+from flashrt.kernels.decode import cdiv, load_nvfp4_halves
 
 
 @triton.jit
@@ -84,7 +84,7 @@ def launch(
 ) -> torch.Tensor:
     m, k = x.shape
     n = packed.shape[0]
-    grid = (triton.cdiv(n, config["BLOCK_N"]), m)
+    grid = (cdiv(n, config["BLOCK_N"]), m)
     nvfp4_linear_gemv_kernel[grid](
         x,
         packed,

@@ -24,8 +24,7 @@ Gluon kernels do not run under ``TRITON_INTERPRET``: CI builds them for every ta
 from __future__ import annotations
 
 import torch
-import triton
-from flashrt.kernels.decode import placed_pairs, shift_ptx
+from flashrt.kernels.decode import cdiv, placed_pairs, shift_ptx
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
@@ -269,7 +268,7 @@ def launch(
     m, k = x.shape
     n = packed.shape[0]
     block_n = config["ROWS"] * config["WARPS_N"]
-    grid = (triton.cdiv(n, block_n), m)
+    grid = (cdiv(n, block_n), m)
     nvfp4_linear_gemv_gluon_kernel[grid](
         x,
         packed.view(torch.int32),

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from flashrt.kernels.decode import dot, interpreted, k_mask, load_nvfp4_halves
+from flashrt.kernels.decode import cdiv, dot, interpreted, k_mask, load_nvfp4_halves, next_power_of_2
 from triton.language.extra.cuda import gdc_wait
 
 
@@ -132,7 +132,7 @@ REDUCE_BLOCKS = (1024, 512, 256, 128)
 
 def reduce_block(m: int, n: int) -> int:
     """The largest block that still launches ``MIN_PROGRAMS`` programs for ``[m, n]``, else the smallest."""
-    return next((b for b in REDUCE_BLOCKS if m * triton.cdiv(n, b) >= MIN_PROGRAMS), REDUCE_BLOCKS[-1])
+    return next((b for b in REDUCE_BLOCKS if m * cdiv(n, b) >= MIN_PROGRAMS), REDUCE_BLOCKS[-1])
 
 
 def split_target(out: torch.Tensor, split: int) -> torch.Tensor:
@@ -156,7 +156,7 @@ def reduce_splits(
     ``gdc_launch_dependents``), waiting for it before the first load."""
     split, m, n = partials.shape
     block = reduce_block(m, n)
-    splitk_reduce_kernel[(m, triton.cdiv(n, block))](
+    splitk_reduce_kernel[(m, cdiv(n, block))](
         partials, global_scale if global_scale is not None else out, bias if bias is not None else out, out, m, n,
         out.stride(0), SPLIT_K=split, HAS_SCALE=global_scale is not None, HAS_BIAS=bias is not None,
         BLOCK=block, PDL=pdl, num_warps=4, launch_pdl=pdl,
@@ -186,8 +186,8 @@ def split_ks(programs: int, k: int, block_k: int, least: int = MIN_PROGRAMS) -> 
     most = k // (2 * block_k)  # each split at least two steps
     if most < 2:
         return []
-    first = min(triton.next_power_of_2(triton.cdiv(least, programs)), 1 << (min(most, 16).bit_length() - 1))
-    last = 2 * triton.next_power_of_2(triton.cdiv(MIN_PROGRAMS, programs))
+    first = min(next_power_of_2(cdiv(least, programs)), 1 << (min(most, 16).bit_length() - 1))
+    last = 2 * next_power_of_2(cdiv(MIN_PROGRAMS, programs))
     return [s for s in (1 << e for e in range(1, 5)) if first <= s <= last and s <= most]
 
 
@@ -205,10 +205,10 @@ def launch(
     m, k = x.shape
     n = packed.shape[0]
     split = config.get("SPLIT_K", 1)
-    k_split = triton.cdiv(triton.cdiv(k, split), config["BLOCK_K"]) * config["BLOCK_K"]
-    split = triton.cdiv(k, k_split)
+    k_split = cdiv(cdiv(k, split), config["BLOCK_K"]) * config["BLOCK_K"]
+    split = cdiv(k, k_split)
     target = split_target(out, split)
-    grid = (triton.cdiv(n, config["BLOCK_N"]), triton.cdiv(m, config["BLOCK_M"]), split)
+    grid = (cdiv(n, config["BLOCK_N"]), cdiv(m, config["BLOCK_M"]), split)
     nvfp4_linear_mma_kernel[grid](
         x,
         packed,
@@ -258,6 +258,6 @@ def configs(m: int, n: int, k: int) -> list[dict]:
             for bk in (128, 256):
                 base = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": 4, "num_stages": 3}
                 out.append(base)
-                programs = triton.cdiv(n, bn) * triton.cdiv(m, bm)
+                programs = cdiv(n, bn) * cdiv(m, bm)
                 out += [{**base, "SPLIT_K": s} for s in split_ks(programs, k, bk)]
     return out

@@ -60,9 +60,8 @@ checks the kernel against the reference.
 from __future__ import annotations
 
 import torch
-import triton
 from flashrt.kernels import ring_layout
-from flashrt.kernels.decode import launch_pdl, placed_pairs, shift_ptx
+from flashrt.kernels.decode import cdiv, launch_pdl, placed_pairs, shift_ptx
 from flashrt.kernels.linear_mma import reduce_splits, split_ks, split_target
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -805,7 +804,7 @@ def launch_ring(
     split = config.get("SPLIT_K", 1)
     target = split_target(out, split)
     chunks = config.get("CHUNKS", 1)
-    grid = (triton.cdiv(chunks * n, block_n), triton.cdiv(chunks * m, config["BLOCK_M"]), split)
+    grid = (cdiv(chunks * n, block_n), cdiv(chunks * m, config["BLOCK_M"]), split)
     arrivals = arrival_counters(out.device, grid[0] * grid[1]) if split > 1 and FOLD_SPLITS else None
     kernel[grid](
         x,
@@ -938,7 +937,7 @@ def configs(m: int, n: int, k: int) -> list[dict]:
                 if ring_bytes(base) > RING_BYTES:
                     continue
                 out.append(base)
-                programs = triton.cdiv(n, 16 * tiles * warps) * triton.cdiv(m, block_m)
+                programs = cdiv(n, 16 * tiles * warps) * cdiv(m, block_m)
                 out += [{**base, "SPLIT_K": s} for s in split_ks(programs, k, BLOCK_K)]
     for chunks in CHUNKS:
         if m * chunks <= 8 and k % (chunks * BLOCK_K) == 0:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from flashrt.kernels.decode import dot_nvfp4, interpreted, load_nvfp4_codes
+from flashrt.kernels.decode import cdiv, dot_nvfp4, interpreted, load_nvfp4_codes
 from flashrt.kernels.nvfp4 import NVFP4Weight, dequantize, quantize_reference
 from flashrt.kernels.quantizer import quantize_rows
 
@@ -103,7 +103,7 @@ def launch(
     m, k = x.shape
     n = packed.shape[0]
     xq = quantize_rows(x)
-    grid = (triton.cdiv(n, config["BLOCK_N"]), triton.cdiv(m, config["BLOCK_M"]))
+    grid = (cdiv(n, config["BLOCK_N"]), cdiv(m, config["BLOCK_M"]))
     nvfp4_linear_w4a4_kernel[grid](
         xq.packed,
         xq.scales.view(torch.uint8),

@@ -27,8 +27,8 @@ from __future__ import annotations
 import functools
 
 import torch
-import triton
 from flashrt.kernels import ring_layout
+from flashrt.kernels.decode import cdiv
 from flashrt.kernels.linear_mma import SMS, split_ks
 from flashrt.kernels.linear_mma_gluon import (
     BLOCK_K,
@@ -287,6 +287,6 @@ def configs(m: int, n: int, k: int) -> list[dict]:
                         continue
                     base["ASYNC_MMA"] = int(block_m * tiles < ASYNC_MMA_SPILLS)
                     out.append(base)
-                    programs = triton.cdiv(n, 16 * tiles * warps) * triton.cdiv(m, block_m)
+                    programs = cdiv(n, 16 * tiles * warps) * cdiv(m, block_m)
                     out += [{**base, "SPLIT_K": s} for s in split_ks(programs, k, BLOCK_K, least=SMS)]
     return out

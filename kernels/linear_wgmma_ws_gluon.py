@@ -33,8 +33,8 @@ us, cuBLAS 16.4; ``h200-kernels-small-59aeccb.json``). The adjudicator chooses f
 from __future__ import annotations
 
 import torch
-import triton
 from flashrt.kernels import linear_wgmma_gluon, ring_layout
+from flashrt.kernels.decode import cdiv
 from flashrt.kernels.linear_mma import reduce_splits, split_ks, split_target
 from flashrt.kernels.linear_mma_gluon import BLOCK_K, _store_tile, require_bf16, words_layout
 from flashrt.kernels.linear_wgmma_gluon import RING_BYTES, SMS, _decoded_chunk, refuse_oversized_ring
@@ -263,7 +263,7 @@ def launch(
     words, scale_words = packed.view(torch.int32), scales.view(torch.uint8).view(torch.int32)
     split = config.get("SPLIT_K", 1)
     target = split_target(out, split)
-    grid = (triton.cdiv(n, 16 * config["WARPS"]), triton.cdiv(m, config["BLOCK_M"]), split)
+    grid = (cdiv(n, 16 * config["WARPS"]), cdiv(m, config["BLOCK_M"]), split)
     nvfp4_linear_wgmma_ws_gluon_kernel[grid](
         *descriptors(x, words, scale_words, config),
         global_scale,
@@ -313,6 +313,6 @@ def tile_configs(m: int, n: int, k: int, block_ms: tuple[int, ...]) -> list[dict
                 if base in out or base["STAGES"] < 3:
                     continue
                 out.append(base)
-                programs = triton.cdiv(n, 16 * warps) * triton.cdiv(m, block_m)
+                programs = cdiv(n, 16 * warps) * cdiv(m, block_m)
                 out += [{**base, "SPLIT_K": s} for s in split_ks(programs, k, BLOCK_K, least=SMS)]
     return out

@@ -26,7 +26,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from flashrt.kernels.decode import dot, interpreted, k_mask, load_weight_halves
+from flashrt.kernels.decode import cdiv, dot, interpreted, k_mask, load_weight_halves, next_power_of_2
 
 GROUP_PAIRS = 128
 # Warps of the group launch. Qwen3-30B-A3B's bank on the H200 (c58d18d, bench/probe_moe_group.py,
@@ -249,7 +249,7 @@ def moe_down_kernel(
 
 def max_rows(pairs: int, experts: int, block_m: int) -> int:
     """Rows the grouped layout can need: every routed expert's run rounded up to BLOCK_M."""
-    return triton.cdiv(pairs, block_m) * block_m + min(experts, pairs) * block_m
+    return cdiv(pairs, block_m) * block_m + min(experts, pairs) * block_m
 
 
 class Grouping(NamedTuple):
@@ -277,8 +277,8 @@ def group_pairs(topk_ids: torch.Tensor, experts: int, block_m: int, num_warps: i
         torch.empty(pairs, dtype=torch.int32, device=device),
         rows,
     )
-    block_pairs = min(GROUP_PAIRS, max(16, triton.next_power_of_2(pairs)))
-    moe_group_kernel[(triton.cdiv(pairs, block_pairs),)](
+    block_pairs = min(GROUP_PAIRS, max(16, next_power_of_2(pairs)))
+    moe_group_kernel[(cdiv(pairs, block_pairs),)](
         topk_ids.reshape(-1),
         g.expert_offsets,
         g.expert_counts,
@@ -286,7 +286,7 @@ def group_pairs(topk_ids: torch.Tensor, experts: int, block_m: int, num_warps: i
         g.pair_rows,
         pairs,
         experts,
-        E_POW2=triton.next_power_of_2(experts),
+        E_POW2=next_power_of_2(experts),
         BLOCK_PAIRS=block_pairs,
         BLOCK_M=block_m,
         num_warps=num_warps,
@@ -320,7 +320,7 @@ def launch(
     g = group_pairs(topk_ids, e, block_m)
     h = torch.empty(g.rows, n, dtype=torch.bfloat16, device=hidden.device)
     topk_flat = topk_ids.reshape(-1)
-    moe_gate_up_kernel[(g.rows // block_m, triton.cdiv(n, config["BLOCK_N"]))](
+    moe_gate_up_kernel[(g.rows // block_m, cdiv(n, config["BLOCK_N"]))](
         hidden,
         gu_packed,
         gu_scales.view(torch.uint8),
@@ -341,14 +341,14 @@ def launch(
         USE_PRMT=use_prmt,
         EVEN_K=k % config["BLOCK_K"] == 0,
         INTERPRETED=interpreted(),
-        E_POW2=triton.next_power_of_2(e),
+        E_POW2=next_power_of_2(e),
         BLOCK_M=block_m,
         BLOCK_N=config["BLOCK_N"],
         BLOCK_K=config["BLOCK_K"],
         num_warps=config["num_warps"],
         num_stages=config["num_stages"],
     )
-    moe_down_kernel[(t, triton.cdiv(k, config["DOWN_BLOCK_N"]))](
+    moe_down_kernel[(t, cdiv(k, config["DOWN_BLOCK_N"]))](
         h,
         dn_packed,
         dn_scales.view(torch.uint8),

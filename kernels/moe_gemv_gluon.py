@@ -17,7 +17,7 @@ first two bound by launch and decode, not bytes), against 5 us of routed NVFP4 b
 from __future__ import annotations
 
 import torch
-import triton
+from flashrt.kernels.decode import cdiv
 from flashrt.kernels.linear_gemv_gluon import (
     DECODE_FACTOR,
     accumulate,
@@ -269,7 +269,7 @@ def launch(
     step = 32 * config["GROUPS"] * config["WARPS_K"]
     layout = {key: config[key] for key in ("ROWS", "GROUPS", "WARPS_N", "WARPS_K")}
     warps = config["WARPS_N"] * config["WARPS_K"]
-    moe_gate_up_gemv_kernel[(triton.cdiv(n, block_n), pairs)](
+    moe_gate_up_gemv_kernel[(cdiv(n, block_n), pairs)](
         hidden,
         gu_words,
         gu_scales,
@@ -304,7 +304,7 @@ def launch_down(
     k, n = dn_packed.shape[1], h.shape[1]
     dn_words, dn_scales = dn_packed.view(torch.int32), dn_scales.view(torch.uint8)
     step = 32 * layout["GROUPS"] * layout["WARPS_K"]
-    moe_down_gemv_kernel[(triton.cdiv(k, layout["ROWS"] * layout["WARPS_N"]), t)](
+    moe_down_gemv_kernel[(cdiv(k, layout["ROWS"] * layout["WARPS_N"]), t)](
         h,
         dn_words,
         dn_scales,

@@ -51,9 +51,8 @@ and lost 1-10% grouped: not kept. With the grouped down offered (eabb2d0,
 from __future__ import annotations
 
 import torch
-import triton
 from flashrt.kernels import moe_fused, moe_gemv_gluon, ring_layout
-from flashrt.kernels.decode import launch_pdl
+from flashrt.kernels.decode import cdiv, launch_pdl, next_power_of_2
 from flashrt.kernels.linear_mma import reduce_splits, split_ks, split_target
 from flashrt.kernels.linear_mma_gluon import (
     _EPILOGUE_FACTOR,
@@ -521,7 +520,7 @@ def launch(
     chunk_words = words_per_chunk(k, chunks)
     pdl = ring_down and launch_pdl(PDL_DOWN)
     gate_up_pdl = launch_pdl(PDL_GATE_UP)
-    moe_gate_up_ring_kernel[(triton.cdiv(n, 16 * config["WARPS"] // chunks), tiles)](
+    moe_gate_up_ring_kernel[(cdiv(n, 16 * config["WARPS"] // chunks), tiles)](
         hidden,
         words,
         scale_words,
@@ -544,7 +543,7 @@ def launch(
         chunk_words,
         chunk_words // 8,
         BLOCK_M=block_m,
-        E_POW2=triton.next_power_of_2(experts),
+        E_POW2=next_power_of_2(experts),
         WARPS=config["WARPS"],
         STAGES=config["STAGES"],
         FOLD_DOWN=ring_down,
@@ -584,14 +583,14 @@ def launch_down(
     warps = config["DOWN_WARPS"]
     layout = config.get("LAYOUT", ring_layout.CHECKPOINT)
     if "DOWN_SLOTS" in config:
-        slots = triton.next_power_of_2(top_k)
+        slots = next_power_of_2(top_k)
         if slots > 8:
             raise ValueError(
                 f"DOWN_SLOTS: a token's experts side by side take the MMA's 8 columns, so top_k <= 8, "
                 f"got {top_k}; use a config with DOWN_SPLIT (the walk)"
             )
         row_tiles = config.get("DOWN_ROW_TILES", 1)
-        moe_down_slots_ring_kernel[(triton.cdiv(k, 16 * row_tiles * warps // slots), t)](
+        moe_down_slots_ring_kernel[(cdiv(k, 16 * row_tiles * warps // slots), t)](
             h,
             words,
             scale_words,
@@ -617,7 +616,7 @@ def launch_down(
         return out
     if "DOWN_GROUPED" in config:
         partials = torch.empty(top_k, t, k, dtype=torch.float32, device=out.device)
-        moe_down_grouped_ring_kernel[(triton.cdiv(k, 16 * warps), grouping.rows // GROUP_TILE)](
+        moe_down_grouped_ring_kernel[(cdiv(k, 16 * warps), grouping.rows // GROUP_TILE)](
             h,
             words,
             scale_words,
@@ -635,7 +634,7 @@ def launch_down(
             scale_words.stride(0),
             scale_words.stride(1),
             BLOCK_M=GROUP_TILE,
-            E_POW2=triton.next_power_of_2(dn_packed.shape[0]),
+            E_POW2=next_power_of_2(dn_packed.shape[0]),
             WARPS=warps,
             STAGES=down_stages(config),
             LAYOUT=layout,
@@ -647,7 +646,7 @@ def launch_down(
         return out
     split = config["DOWN_SPLIT"]
     target = split_target(out, split)
-    moe_down_ring_kernel[(triton.cdiv(k, 16 * warps), t, split)](
+    moe_down_ring_kernel[(cdiv(k, 16 * warps), t, split)](
         h,
         words,
         scale_words,
@@ -662,7 +661,7 @@ def launch_down(
         words.stride(1),
         scale_words.stride(0),
         scale_words.stride(1),
-        TOP_K_POW2=triton.next_power_of_2(top_k),
+        TOP_K_POW2=next_power_of_2(top_k),
         EXPERT_STEPS=n // BLOCK_K,
         WARPS=warps,
         STAGES=down_stages(config),
@@ -799,7 +798,7 @@ def configs(t: int, n: int, k: int) -> list[dict]:
     else:
         downs = []
         for warps in (1, 2):
-            programs = triton.cdiv(k, 16 * warps) * t
+            programs = cdiv(k, 16 * warps) * t
             splits = (1, *split_ks(programs, WALK_EXPERTS * n, BLOCK_K))
             downs += [{"DOWN_WARPS": warps, "DOWN_SPLIT": split} for split in splits]
     if n % BLOCK_K == 0 and t > TIMED_UPTO:

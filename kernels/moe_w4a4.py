@@ -35,7 +35,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 from flashrt.kernels import linear_w4a4
-from flashrt.kernels.decode import dot_nvfp4, interpreted, load_nvfp4_codes
+from flashrt.kernels.decode import cdiv, dot_nvfp4, interpreted, load_nvfp4_codes, next_power_of_2
 from flashrt.kernels.moe_fused import Grouping, expert_rows, group_pairs
 from flashrt.kernels.nvfp4 import NVFP4Weight, dequantize, quantize_reference
 from flashrt.kernels.quantizer import quantize_rows
@@ -241,7 +241,7 @@ def launch_gate_up(hidden: torch.Tensor, gate_up: tuple, top_k: int, g: Grouping
     block_m = config["BLOCK_M"]
     xq = quantize_rows(hidden)
     h = torch.empty(g.rows, n, dtype=torch.bfloat16, device=hidden.device)
-    moe_gate_up_w4a4_kernel[(g.rows // block_m, triton.cdiv(n, config["BLOCK_N"]))](
+    moe_gate_up_w4a4_kernel[(g.rows // block_m, cdiv(n, config["BLOCK_N"]))](
         xq.packed,
         xq.scales.view(torch.uint8),
         xq.global_scale,
@@ -263,7 +263,7 @@ def launch_gate_up(hidden: torch.Tensor, gate_up: tuple, top_k: int, g: Grouping
         gu_scales.stride(1),
         EVEN_K=k % config["BLOCK_K"] == 0,
         INTERPRETED=interpreted(),
-        E_POW2=triton.next_power_of_2(e),
+        E_POW2=next_power_of_2(e),
         BLOCK_M=block_m,
         BLOCK_N=config["BLOCK_N"],
         BLOCK_K=config["BLOCK_K"],
@@ -285,7 +285,7 @@ def launch_down(
     top_k = topk_weights.shape[1]
     hq = quantize_rows(h)
     y = torch.empty(g.rows, k, dtype=torch.float32, device=h.device)
-    moe_down_w4a4_kernel[(g.rows // block_m, triton.cdiv(k, config["DOWN_BLOCK_N"]))](
+    moe_down_w4a4_kernel[(g.rows // block_m, cdiv(k, config["DOWN_BLOCK_N"]))](
         hq.packed,
         hq.scales.view(torch.uint8),
         hq.global_scale,
@@ -307,14 +307,14 @@ def launch_down(
         dn_scales.stride(1),
         EVEN_K=n % config["DOWN_BLOCK_K"] == 0,
         INTERPRETED=interpreted(),
-        E_POW2=triton.next_power_of_2(e),
+        E_POW2=next_power_of_2(e),
         BLOCK_M=block_m,
         BLOCK_N=config["DOWN_BLOCK_N"],
         BLOCK_K=config["DOWN_BLOCK_K"],
         num_warps=config["num_warps"],
         num_stages=config["num_stages"],
     )
-    moe_reduce_kernel[(t, triton.cdiv(k, REDUCE_BLOCK))](
+    moe_reduce_kernel[(t, cdiv(k, REDUCE_BLOCK))](
         y, g.pair_rows, out, k, top_k, y.stride(0), out.stride(0), BLOCK=REDUCE_BLOCK, num_warps=4
     )
     return out

@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 from flashrt.kernels import ring_layout
+from flashrt.kernels.decode import cdiv
 from flashrt.kernels.linear_mma_gluon import WORDS_PER_THREAD as V  # a step is 32 V elements
 from triton.language.extra.cuda import gdc_launch_dependents
 
@@ -72,7 +73,7 @@ def permute_steps(
     rows a program); ``pdl``: a kernel launched after it with PDL may start before it ends."""
     m, k = x.shape
     out = torch.empty(m, k, dtype=x.dtype, device=x.device)
-    grid = (triton.cdiv(m, rows), k // (32 * V))
+    grid = (cdiv(m, rows), k // (32 * V))
     permute_steps_kernel[grid](
         x, out, m, x.stride(0), out.stride(0), ROWS=rows, V=V, LAYOUT=layout, PDL=pdl, num_warps=4
     )

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from flashrt.kernels.decode import cdiv
 from flashrt.kernels.nvfp4 import BLOCK_SIZE, E2M1_MAX, E4M3_MAX, NVFP4Weight, _check_dense
 
 AMAX_BLOCK = 8192
@@ -200,10 +201,10 @@ def quantize_triton(weight: torch.Tensor) -> NVFP4Weight:
     block_rows, block_groups = 16, 16
     for start in range(0, e, chunk):
         stop = min(e, start + chunk)
-        amax_kernel[(triton.cdiv(n * k, AMAX_BLOCK), stop - start)](
+        amax_kernel[(cdiv(n * k, AMAX_BLOCK), stop - start)](
             w3[start:stop], amax[start:stop], n * k, BLOCK=AMAX_BLOCK, num_warps=8
         )
-        quantize_kernel[(triton.cdiv(n, block_rows), triton.cdiv(k // 16, block_groups), stop - start)](
+        quantize_kernel[(cdiv(n, block_rows), cdiv(k // 16, block_groups), stop - start)](
             w3[start:stop],
             amax[start:stop],
             packed[start:stop],

@@ -58,6 +58,18 @@ def test_quantize_dequantize_round_trip_is_bit_exact(shape):
     torch.testing.assert_close(again.global_scale, q.global_scale, rtol=2e-7, atol=0)
 
 
+def test_the_launchers_grid_arithmetic_is_tritons():
+    """``decode.cdiv`` and ``decode.next_power_of_2``, which the launchers call on the host in
+    place of Triton's (a slow ``ConstexprFunction`` call there), give Triton's values."""
+    import triton
+    from flashrt.kernels.decode import cdiv, next_power_of_2
+
+    for n in range(0, 5000):
+        assert next_power_of_2(n) == triton.next_power_of_2(n), n
+        for b in (1, 2, 3, 16, 64, 132, 256):
+            assert cdiv(n, b) == triton.cdiv(n, b), (n, b)
+
+
 def test_e2m1_codes_round_to_nearest_even():
     x = torch.tensor([0.25, 0.26, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 5.1, 7.0, -0.74, -0.0])
     assert nvfp4.e2m1_values(nvfp4.e2m1_codes(x)).tolist() == [
