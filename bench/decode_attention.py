@@ -40,7 +40,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from flashrt.kernels.decode import interpreted, launch_pdl, wait_then_let_next_start
+from flashrt.kernels.decode import cdiv, interpreted, launch_pdl, next_power_of_2, wait_then_let_next_start
 
 # Programs to aim for a layer: the H200's 132 SMs, so a batch-1 layer's 4 key-value heads split
 # 9 ways (36 programs, all the cache allows at 32 keys a step) and batch 16's 64 heads 3 ways (192).
@@ -203,14 +203,14 @@ def split_keys(programs: int, length: int, dim: int) -> int:
     """Cache positions a split, for ``programs`` (sequence, key-value head) pairs of heads of
     ``dim``: whole steps of their tile, splits enough for ``TARGET_PROGRAMS``, at most one a step."""
     block_l = tile_for(programs, dim).keys
-    steps = triton.cdiv(length, block_l)
-    wanted = max(1, min(triton.cdiv(TARGET_PROGRAMS, programs), steps))
-    return block_l * triton.cdiv(steps, wanted)
+    steps = cdiv(length, block_l)
+    wanted = max(1, min(cdiv(TARGET_PROGRAMS, programs), steps))
+    return block_l * cdiv(steps, wanted)
 
 
 def split_count(programs: int, length: int, dim: int) -> int:
     """The splits ``decode_attention`` launches (``split_keys`` positions each)."""
-    return triton.cdiv(length, split_keys(programs, length, dim))
+    return cdiv(length, split_keys(programs, length, dim))
 
 
 @torch.library.custom_op("flashrt_bench::decode_attention", mutates_args=())
@@ -230,13 +230,13 @@ def decode_attention(
         )
     tile = tile_for(batch * kv_heads, dim)
     split_l = split_keys(batch * kv_heads, length, dim)
-    splits = triton.cdiv(length, split_l)
+    splits = cdiv(length, split_l)
     out = torch.empty(batch, kv_heads, groups, dim, dtype=query.dtype, device=query.device)
     whole = splits == 1  # the split kernel writes the output; no merge to launch
     partial = out if whole else query.new_empty(batch, kv_heads, splits, groups, dim, dtype=torch.float32)
     maxes = torch.empty(batch, kv_heads, splits, groups, dtype=torch.float32, device=query.device)
     sums = torch.empty_like(maxes)
-    d_pow2 = triton.next_power_of_2(dim)
+    d_pow2 = next_power_of_2(dim)
     pdl = launch_pdl(PDL_LAUNCH)
     decode_attention_kernel[(batch * kv_heads, splits)](
         query, key, value, visible, partial, maxes, sums,
@@ -245,13 +245,13 @@ def decode_attention(
         key.stride(0), key.stride(1), key.stride(2),
         value.stride(0), value.stride(1), value.stride(2),
         visible.stride(0), visible.stride(1),
-        SPLIT_L=split_l, BLOCK_L=tile.keys, G_POW2=max(16, triton.next_power_of_2(groups)), D_POW2=d_pow2,
+        SPLIT_L=split_l, BLOCK_L=tile.keys, G_POW2=max(16, next_power_of_2(groups)), D_POW2=d_pow2,
         UPCAST=interpreted() or query.dtype == torch.float32, WHOLE=whole, PDL=pdl, launch_pdl=pdl,
         num_warps=tile.warps, num_stages=tile.stages,
     )  # fmt: skip
     if not whole:
         merge_splits_kernel[(batch * kv_heads * groups,)](
-            partial, maxes, sums, out, groups, dim, splits, SPLITS_POW2=triton.next_power_of_2(splits), D_POW2=d_pow2,
+            partial, maxes, sums, out, groups, dim, splits, SPLITS_POW2=next_power_of_2(splits), D_POW2=d_pow2,
             PDL=pdl, launch_pdl=pdl,
         )  # fmt: skip
     return out

@@ -33,7 +33,7 @@ import json
 import sys
 
 import torch
-import triton
+from flashrt.kernels.decode import cdiv
 from flashrt.kernels.linear_mma import reduce_splits, split_target
 from flashrt.kernels.linear_mma_gluon import (
     V,
@@ -170,7 +170,7 @@ def launch(x, packed, scales, global_scale, bias, out, config: dict) -> torch.Te
     block_n = 16 * config["ROW_TILES"] * config["WARPS"]
     split = config.get("SPLIT_K", 1)
     target = split_target(out, split)
-    grid = (triton.cdiv(chunks * n, block_n), triton.cdiv(chunks * m, config["BLOCK_M"]), split)
+    grid = (cdiv(chunks * n, block_n), cdiv(chunks * m, config["BLOCK_M"]), split)
     direct_words_kernel[grid](
         x, packed.view(torch.int32), scales.view(torch.uint8).view(torch.int32), global_scale,
         bias if bias is not None else out, target, m, n, k, x.stride(0), out.stride(0), packed.stride(0) // 4,

@@ -37,6 +37,7 @@ from flashrt.bench.e2e import replayed_kernels
 from flashrt.bench.kernels import provenance
 from flashrt.bench.timing import capture
 from flashrt.kernels import linear_mma, linear_mma_gluon, nvfp4, ring_layout
+from flashrt.kernels.decode import cdiv
 
 ADDS = 256
 EVERY = 8
@@ -78,7 +79,7 @@ def arms() -> dict:
 
     extras = {
         "aten": None,
-        "triton": lambda: add_one_kernel[(triton.cdiv(ELEMENTS, 1024),)](x, ELEMENTS, BLOCK=1024),
+        "triton": lambda: add_one_kernel[(cdiv(ELEMENTS, 1024),)](x, ELEMENTS, BLOCK=1024),
         "gluon_ring": ring_linear,
         **{f"gluon_ring_{setting}": ring_linear for setting in RING_SETTINGS},  # main sets each first
         "cublas": lambda: torch.mm(acts, dense.t(), out=out),

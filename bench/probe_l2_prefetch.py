@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 from flashrt.bench.kernels import provenance
 from flashrt.kernels import nvfp4, ops
+from flashrt.kernels.decode import cdiv
 
 O_PROJ = (4096, 4096)
 GATE_UP = (28672, 4096)
@@ -83,7 +84,7 @@ def regions(weights, head_bytes):
 def bulk_prefetch(parts, sink):
     for tensor, nbytes in parts:
         per_program = THREADS * BYTES_A_THREAD
-        bulk_prefetch_kernel[(triton.cdiv(nbytes, per_program),)](
+        bulk_prefetch_kernel[(cdiv(nbytes, per_program),)](
             tensor.view(torch.uint8), nbytes, sink, BYTES_A_THREAD=BYTES_A_THREAD, THREADS=THREADS, num_warps=4
         )
 
@@ -91,7 +92,7 @@ def bulk_prefetch(parts, sink):
 def line_prefetch(parts, sink):
     for tensor, nbytes in parts:
         words = tensor.view(torch.uint8).reshape(-1)[: nbytes - nbytes % 4].view(torch.int32)
-        line_prefetch_kernel[(triton.cdiv(words.numel(), 4096),)](words, words.numel(), sink, BLOCK=4096, num_warps=8)
+        line_prefetch_kernel[(cdiv(words.numel(), 4096),)](words, words.numel(), sink, BLOCK=4096, num_warps=8)
 
 
 def spin_cycles_for(us):

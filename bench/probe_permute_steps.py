@@ -15,6 +15,7 @@ import triton.language as tl
 from flashrt.bench.kernels import provenance
 from flashrt.bench.timing import copies_for, graph_us
 from flashrt.kernels import permute_steps
+from flashrt.kernels.decode import cdiv
 
 
 @triton.jit
@@ -34,7 +35,7 @@ def gathered(x: torch.Tensor) -> torch.Tensor:
     """``permute_steps`` with the gather kernel: the same grid, rows and warps."""
     m, k = x.shape
     out = torch.empty_like(x)
-    grid = (triton.cdiv(m, permute_steps.ROWS), k // (32 * permute_steps.V))
+    grid = (cdiv(m, permute_steps.ROWS), k // (32 * permute_steps.V))
     permute_steps_gather_kernel[grid](
         x, out, m, x.stride(0), out.stride(0), ROWS=permute_steps.ROWS, V=permute_steps.V, num_warps=4
     )

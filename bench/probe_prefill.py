@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 from flashrt.bench.kernels import provenance
 from flashrt.kernels import nvfp4, ops
-from flashrt.kernels.decode import dot, interpreted, load_nvfp4_halves
+from flashrt.kernels.decode import cdiv, dot, interpreted, load_nvfp4_halves
 
 
 @triton.jit
@@ -69,7 +69,7 @@ def tile_kernel(
 def launch(x, w, out, cfg):
     m, k = x.shape
     n = w.packed.shape[0]
-    grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))
+    grid = (cdiv(m, cfg["BLOCK_M"]), cdiv(n, cfg["BLOCK_N"]))
     tile_kernel[grid](
         x, w.packed, w.scales.view(torch.uint8), w.global_scale, out, m, n, k,
         x.stride(0), out.stride(0), w.packed.stride(0), w.scales.stride(0),

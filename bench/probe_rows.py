@@ -35,6 +35,7 @@ from flashrt.bench.kernels import provenance
 from flashrt.bench.probe_ring_depth import name, timed
 from flashrt.bench.timing import copy_bandwidth_tbps
 from flashrt.kernels import linear_mma_gluon, nvfp4, ops, ring_layout
+from flashrt.kernels.decode import cdiv
 
 K = 4096
 ROWS = (4096, 8192, 14336, 28672, 57344, 114688)
@@ -62,7 +63,7 @@ def read_us(w) -> tuple[float, str]:
     words = torch.cat([w.packed.view(-1), w.scales.view(torch.uint8).view(-1)]).view(torch.int32)
     best = None
     for block, iters, warps in READ_TILINGS:
-        programs = triton.cdiv(words.numel(), block * iters)
+        programs = cdiv(words.numel(), block * iters)
         out = torch.empty(programs, dtype=torch.int32, device=words.device)
         kernel = _read_kernel[(programs,)]
         run = functools.partial(kernel, words, out, words.numel(), BLOCK=block, ITERS=iters, num_warps=warps)

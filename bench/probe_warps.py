@@ -35,11 +35,11 @@ import sys
 import time
 
 import torch
-import triton
 from flashrt.bench.kernels import provenance
 from flashrt.bench.probe_ring_depth import name, timed
 from flashrt.bench.timing import copy_bandwidth_tbps
 from flashrt.kernels import linear_mma_gluon, nvfp4, ops, ring_layout
+from flashrt.kernels.decode import cdiv
 from flashrt.kernels.linear_mma import split_ks
 
 SHAPES = {
@@ -79,7 +79,7 @@ def variants(m: int, n: int, k: int) -> list[dict]:
             for stages in stage_counts:
                 base = {"BLOCK_M": block_m, "ROW_TILES": tiles, "WARPS": warps, "STAGES": stages}
                 out.append(base)
-                programs = triton.cdiv(n, 16 * tiles * warps) * triton.cdiv(m, block_m)
+                programs = cdiv(n, 16 * tiles * warps) * cdiv(m, block_m)
                 out += [{**base, "SPLIT_K": s} for s in split_ks(programs, k, linear_mma_gluon.BLOCK_K)]
                 for chunks in linear_mma_gluon.CHUNKS:
                     if m * chunks <= 8 and k % (chunks * linear_mma_gluon.BLOCK_K) == 0:

@@ -29,12 +29,12 @@ import sys
 import time
 
 import torch
-import triton
 from flashrt.bench.kernels import provenance
 from flashrt.bench.probe_ring_depth import fastest, name, timed
 from flashrt.bench.probe_warps import DEADLINE_S, SHAPES, tuned
 from flashrt.bench.timing import copy_bandwidth_tbps
 from flashrt.kernels import linear_mma_gluon, linear_wgmma_gluon, nvfp4, ops, ring_layout
+from flashrt.kernels.decode import cdiv
 from flashrt.kernels.linear_mma import split_ks
 
 FORMS = {"mma_gluon": linear_mma_gluon, "wgmma_gluon": linear_wgmma_gluon}
@@ -51,7 +51,7 @@ def variants(m: int, n: int, k: int) -> list[dict]:
                     continue
                 base["ASYNC_MMA"] = int(block_m * tiles < linear_wgmma_gluon.ASYNC_MMA_SPILLS)
                 out.append(base)
-                programs = triton.cdiv(n, 16 * tiles * warps) * triton.cdiv(m, block_m)
+                programs = cdiv(n, 16 * tiles * warps) * cdiv(m, block_m)
                 out += [{**base, "SPLIT_K": s} for s in split_ks(programs, k, linear_wgmma_gluon.BLOCK_K)]
     return out
 

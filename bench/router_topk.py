@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from flashrt.kernels.decode import launch_pdl, wait_then_let_next_start
+from flashrt.kernels.decode import cdiv, launch_pdl, next_power_of_2, wait_then_let_next_start
 
 # As vLLM's GateLinear: its own GEMM up to 16 tokens, cuBLAS past them.
 LOGITS_MAX_TOKENS = 16
@@ -74,9 +74,9 @@ def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     experts = weight.shape[0]
     out = torch.empty(tokens, experts, dtype=x.dtype, device=x.device)
     if tokens:
-        block_k = triton.next_power_of_2(k)
+        block_k = next_power_of_2(k)
         pdl = launch_pdl(PDL_LAUNCH)
-        router_logits_kernel[(triton.cdiv(experts, EXPERTS_A_PROGRAM), tokens)](
+        router_logits_kernel[(cdiv(experts, EXPERTS_A_PROGRAM), tokens)](
             x,
             weight,
             out,
@@ -154,8 +154,8 @@ def router_topk(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[to
             experts,
             logits.stride(0),
             TOP_K=top_k,
-            TOP_K_POW2=triton.next_power_of_2(top_k),
-            E_POW2=triton.next_power_of_2(experts),
+            TOP_K_POW2=next_power_of_2(top_k),
+            E_POW2=next_power_of_2(experts),
             RENORMALIZE=renormalize,
             PDL=pdl,
             num_warps=1,
