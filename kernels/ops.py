@@ -92,7 +92,16 @@ def _device_key(index: int) -> str:
 
 
 def _capability(device: torch.device) -> tuple[int, int] | None:
-    return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    """The device's compute capability; asked once a device (an eager call asks on every call,
+    and torch answers through its device properties each time)."""
+    if device.type != "cuda":
+        return None
+    return _capability_of(torch.cuda.current_device() if device.index is None else device.index)
+
+
+@functools.cache
+def _capability_of(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
 
 
 def _use_prmt(device: torch.device) -> bool:
