@@ -232,10 +232,13 @@ def decode_attention(
     split_l = split_keys(batch * kv_heads, length, dim)
     splits = cdiv(length, split_l)
     out = torch.empty(batch, kv_heads, groups, dim, dtype=query.dtype, device=query.device)
-    whole = splits == 1  # the split kernel writes the output; no merge to launch
-    partial = out if whole else query.new_empty(batch, kv_heads, splits, groups, dim, dtype=torch.float32)
-    maxes = torch.empty(batch, kv_heads, splits, groups, dtype=torch.float32, device=query.device)
-    sums = torch.empty_like(maxes)
+    whole = splits == 1
+    if whole:  # the split kernel writes the output: no partials, max or sum to keep, no merge
+        partial = maxes = sums = out
+    else:
+        partial = query.new_empty(batch, kv_heads, splits, groups, dim, dtype=torch.float32)
+        maxes = query.new_empty(batch, kv_heads, splits, groups, dtype=torch.float32)
+        sums = torch.empty_like(maxes)
     d_pow2 = next_power_of_2(dim)
     pdl = launch_pdl(PDL_LAUNCH)
     decode_attention_kernel[(batch * kv_heads, splits)](

@@ -608,7 +608,8 @@ def _attention_builds() -> Iterator[Build]:
     ):
         consts = {"SPLIT_L": 2 * tile.keys, "BLOCK_L": tile.keys, "G_POW2": 16, "D_POW2": dim, "UPCAST": False}
         consts |= {"WHOLE": whole, "PDL": True}
-        sig = _with_constexprs(_ATTENTION_SIG | ({"partial_ptr": "*bf16"} if whole else {}), consts)
+        outputs = {f"{name}_ptr": "*bf16" for name in ("partial", "max", "sum")} if whole else {}
+        sig = _with_constexprs(_ATTENTION_SIG | outputs, consts)
         fn = decode_attention.decode_attention_kernel
         yield Build("decode_attention", fn, sig, consts, tile.warps, tile.stages)
     consts = {"SPLITS_POW2": 16, "D_POW2": 256, "PDL": True}
