@@ -20,10 +20,12 @@ Both arms run vLLM's merged projections (``merge_projections``: q, k and v one G
 up one), not transformers' separate ones, a decode attention that reads each key-value head
 once, split along the cache (``gqa_decode_attention``, ``decode_attention``), and the router's
 logits GEMM (vLLM's ``GateLinear`` tier up to 16 tokens) and softmax and top-k in one launch each
-(``router_topk``), as a serving engine's do. Where torch has
-it, both compile their kernels with PDL (inductor's ``triton.enable_pdl``; ``--inductor-pdl
-off`` leaves it off), which the ring forms follow (``decode.launch_pdl``): Llama-3-8B's seated
-step 2.25 to 2.07 ms at batch 1, its bf16 step 4.54 to 4.44 (H200, 0d80628). The decode
+(``router_topk``), and Qwen3.5's gated delta rule in the decode step through one opaque op on
+flash-linear-attention's fused recurrent kernel (``gated_delta``), as a serving engine's do.
+Where torch has it, both compile their kernels with PDL (inductor's ``triton.enable_pdl``;
+``--inductor-pdl off`` leaves it off), which the ring forms follow (``decode.launch_pdl``):
+Llama-3-8B's seated step 2.25 to 2.07 ms at batch 1, its bf16 step 4.54 to 4.44 (H200,
+0d80628). The decode
 attention's and the router's kernels are launched with PDL in the arm where that is faster, the
 seated one (``PDL_ARMS``).
 
@@ -46,7 +48,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from flashrt.bench import cache_preference, decode_attention, merge, router_topk
+from flashrt.bench import cache_preference, decode_attention, gated_delta, merge, router_topk
 from flashrt.bench.kernels import provenance
 from flashrt.kernels import linear_mma_gluon, moe_fused, ops
 from flashrt.runtime import SeatProfile, attach
@@ -102,20 +104,6 @@ def _qwen35_35b_a3b(layers: int):
         types[-1] = "full_attention"  # at least one: the cache's length is read from one
         config = Qwen3_5MoeTextConfig(num_hidden_layers=layers, layer_types=types)
     return config
-
-
-def linear_attention_kernels() -> str:
-    """What transformers runs Qwen3.5's gated delta rule with, in both arms: flash-linear-attention's
-    Triton kernels where the package is installed (vLLM serves the model with kernels derived
-    from them), else its reference torch loops, which it warns are much slower. On the H200
-    (713e8b4, ``h200-e2e-qwen35-b1b32.json``) the reference loops left Qwen3.5 at 1.32x at batch
-    1 and 0.93x at 32, against Qwen3's 1.72x and 2.20x."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return f"flash-linear-attention {version('flash-linear-attention')}"
-    except PackageNotFoundError:
-        return "transformers' torch reference"
 
 
 MODELS = {"llama3-8b": _llama3_8b, "qwen3-30b-a3b": _qwen3_30b_a3b, "qwen3.5-35b-a3b": _qwen35_35b_a3b}
@@ -622,11 +610,13 @@ _PER_ROW = ("logits", *_PROFILES)  # in the rows, not the bf16 summary
 
 def serve_as_engines_do(model: torch.nn.Module) -> dict:
     """Both arms' common ground, in place: vLLM's merged projections, the fused bf16 expert
-    banks and the fused routers; how many of each."""
+    banks, the fused routers and the gated delta rule's decode op (``gated_delta``); how many
+    of each."""
     return {
         "merged_projections": merge_projections(model),
         "expert_banks": install_bf16_banks(model),
         "fused_routers": router_topk.install(model),
+        "fused_recurrent_layers": gated_delta.install(model),
     }
 
 
@@ -912,7 +902,7 @@ def main(argv: list[str] | None = None) -> int:
 
     result = provenance() | {
         "transformers": transformers.__version__,
-        "linear_attention_kernels": linear_attention_kernels(),
+        "linear_attention_kernels": gated_delta.kernels(),
         "prompt_tokens": PROMPT,
         "generated_tokens": GENERATED,
         "cache_preference": args.cache_preference,

@@ -71,7 +71,7 @@ DEFAULT_MERGED = merge.RESULTS / "h200-e2e.json"
 # What every merged run must share; a row's own commit, date and file go into the row.
 SHARED = ("device", "capability", "cuda", "torch", "triton", "transformers", "prompt_tokens", "generated_tokens")
 # What may differ between merged runs and goes into each row: what ran Qwen3.5's linear attention
-# in both arms (``e2e.linear_attention_kernels``), missing before 2026-12-04's runs, the arms
+# in both arms (``gated_delta.kernels``), missing before 2026-12-04's runs, the arms
 # whose decode attention was launched with PDL (``attention_pdl``), missing before 6f156f2's, then
 # their attention and router kernels (``pdl_arms``, ``e2e.PDL_ARMS``), from 2026-12-04's, and up
 # to how many tokens the router's logits ran ``router_topk.router_logits`` (missing before 5c0f2a9's).

@@ -334,6 +334,72 @@ def test_fused_routers_replace_transformers_routers_and_keep_the_models_logits(d
         torch.testing.assert_close(torch.compile(model, backend="eager", fullgraph=True)(ids).logits, expected)
 
 
+def _tiny_qwen35(device):
+    from transformers import AutoModelForCausalLM, Qwen3_5MoeTextConfig
+
+    config = Qwen3_5MoeTextConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=64, moe_intermediate_size=32,
+        shared_expert_intermediate_size=32, num_experts=8, num_experts_per_tok=2, num_hidden_layers=4,
+        layer_types=["linear_attention"] * 3 + ["full_attention"], num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+        linear_value_head_dim=16,
+    )  # fmt: skip
+    e2e.use_gqa_decode_attention(config)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval().to(device)
+
+
+def test_qwen35_decode_step_runs_the_fused_recurrent_kernel_inside_the_compiled_step(monkeypatch, device):
+    """``gated_delta.install``: each gated-delta-rule layer's decode call goes through the op, which
+    dynamo keeps whole (``fullgraph``: no break, so the kernel runs inside the captured step),
+    and the step computes what transformers' torch loop computes; prefill calls are not taken."""
+    pytest.importorskip("fla")
+    import inspect
+    import sys
+
+    import fla.ops.gated_delta_rule as fla_rule
+    from flashrt.bench import gated_delta
+
+    model = _tiny_qwen35(device)
+    modeling = sys.modules[type(gated_delta.layers(model)[0]).__module__]
+    torch_loop = inspect.unwrap(getattr(modeling, gated_delta.RULE))
+    if device.type == "cpu":  # the chunk kernels autotune, which needs a GPU driver
+        chunk = "torch_chunk_gated_delta_rule"
+        monkeypatch.setattr(modeling, chunk, inspect.unwrap(getattr(modeling, chunk)))
+    kernel_calls, fused = [], fla_rule.fused_recurrent_gated_delta_rule
+
+    def counted(*args, **kwargs):
+        kernel_calls.append(1)
+        return fused(*args, **kwargs)
+
+    monkeypatch.setattr(fla_rule, "fused_recurrent_gated_delta_rule", counted)
+    prompt = torch.randint(0, 512, (2, e2e.PROMPT), device=device)
+
+    def step_logits(program) -> tuple[torch.Tensor, torch.Tensor]:
+        run = e2e.DecodeRun(model, program, prompt)
+        with torch.no_grad():
+            run.prefill()
+            run.step()
+        return run.logits.float(), run.cache.layers[0].recurrent_states[0].clone()
+
+    chosen = getattr(modeling, gated_delta.RULE)  # what transformers chose: flash-linear-attention's function
+    monkeypatch.setattr(modeling, gated_delta.RULE, torch_loop)
+    expected_logits, expected_state = step_logits(model)
+    monkeypatch.setattr(modeling, gated_delta.RULE, chosen)
+    assert gated_delta.install(model) == 3 and gated_delta.install(_tiny("moe")) == 0
+    try:
+        assert kernel_calls == []
+        for program in (model, torch.compile(model, backend="eager", fullgraph=True)):
+            torch._dynamo.reset()
+            kernel_calls.clear()
+            logits, state = step_logits(program)
+            assert len(kernel_calls) == 3, "one kernel call a layer, prefill's none"
+            torch.testing.assert_close(logits, expected_logits, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(state, expected_state, atol=1e-5, rtol=1e-4)
+    finally:
+        gated_delta.uninstall(model)
+    assert getattr(modeling, gated_delta.RULE) is chosen
+
+
 @pytest.mark.parametrize(("kind", "groups", "removed"), [("dense", 4, 6), ("moe", 2, 4)])
 def test_merged_projections_compute_what_the_separate_ones_compute(kind, groups, removed):
     """Both arms run vLLM's layout: one GEMM for q, k and v and one for gate and up, each a
