@@ -1,17 +1,21 @@
-"""Qwen3.5's gated delta rule in the decode step as vLLM runs it, for both arms of ``bench.e2e``:
-flash-linear-attention's fused recurrent kernel behind one op the compiler does not look into.
+"""Qwen3.5's gated-delta-rule layers in the decode step as vLLM runs them, for both arms of
+``bench.e2e``: the rule and the causal convolution each one op the compiler does not look into,
+on flash-linear-attention's Triton kernels.
 
 transformers calls the rule through a wrapper that takes flash-linear-attention's function where
 the package imports, and ``e2e`` carried the package to the H200 from 2dc168a on. Yet the
-captured decode steps there did not run its kernel: the kernel profiles of 2dc168a and a040892
-(``h200-e2e-qwen35-2dc168a-l8.json``, batch 1) list no ``fused_recurrent_gated_delta_rule``
-kernel among the 25 a step launches, and do list compiled reductions named for the ops of
-transformers' torch loop (``select``, ``sum``, ``rsqrt``, ``exp``, ``softplus``): 200 us of the
-seated arm's 799 us of kernels a step at batch 1 (92 and 72 of it in two reductions a layer),
-the same in bf16's, for 6 layers whose states are 2 MB each. vLLM registers the rule
-as an op of its own (``gdn_attention``), opaque to the compiler; ``gated_delta_rule_step`` is
-that op here, so both arms' steps run the kernel a serving engine runs. Prefill keeps
-transformers' call (the chunk kernels, which the prefill profile shows).
+captured decode step there did not run its kernel: the batch-1 kernel profile of 2dc168a
+(``h200-e2e-qwen35-2dc168a-l8.json``) lists no ``fused_recurrent_gated_delta_rule`` kernel among
+the 25 a step launches, and does list compiled reductions named for the ops of transformers'
+torch loop (``select``, ``sum``, ``rsqrt``, ``exp``, ``softplus``): 200 us of the seated arm's
+799 us of kernels a step, 92 and 72 of it in two reductions launched 5 times a step each, the
+same in bf16's, for 6 layers whose states are 2 MB each. The convolution's update is torch's
+(``causal_conv1d`` is not installed): a ``conv_depthwise2d`` kernel, 18 us a step, beside the
+compiled concatenation and copy of its state. vLLM registers the rule as an op of its own
+(``gdn_attention``), opaque to the compiler, and updates the convolution with one Triton kernel;
+``gated_delta_rule_step`` and ``conv1d_step`` are those here, so both arms' steps run the kernels
+a serving engine runs. Prefill keeps transformers' calls (the chunk kernels, which the prefill
+profile shows).
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from importlib.metadata import PackageNotFoundError, version
 
 import torch
 
-RULE = "torch_recurrent_gated_delta_rule"  # the module-level name transformers' layers call
+# The module-level names transformers' layers call, and which of their calls are decode steps.
+RULE, CONV = "torch_recurrent_gated_delta_rule", "causal_conv1d_update"
 
 
 @torch.library.custom_op("flashrt_bench::gated_delta_rule_step", mutates_args=())
@@ -48,7 +53,22 @@ def _(query, key, value, g, beta, state):
     return torch.empty_like(value), torch.empty_like(state, dtype=torch.float32)
 
 
-def _through_the_op(reference):
+@torch.library.custom_op("flashrt_bench::conv1d_step", mutates_args=("conv_state",))
+def conv1d_step(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, activation: str) -> torch.Tensor:
+    """One token ``x [B, 1, D]`` through the depthwise causal convolution ``weight [D, W]`` whose
+    last ``W - 1`` inputs ``conv_state [B, D, W]`` holds: ``[B, 1, D]``; the state shifted by the
+    token, in place."""
+    from fla.modules.causal_conv1d.ops import causal_conv1d_update
+
+    return causal_conv1d_update(x, conv_state, weight=weight, activation=activation)[0]
+
+
+@conv1d_step.register_fake
+def _(x, conv_state, weight, activation):
+    return torch.empty_like(x)
+
+
+def _rule_through_the_op(reference):
     """transformers' rule with its decode calls (a state to start from, the new state wanted, L2
     norm in the kernel, no packed sequences) taken by ``gated_delta_rule_step``."""
 
@@ -67,6 +87,23 @@ def _through_the_op(reference):
     return rule
 
 
+def _conv_through_the_op(reference):
+    """transformers' convolution update (``hidden_states [B, D, T]``) with its one-token calls on a
+    state as long as the kernel, without bias, taken by ``conv1d_step``."""
+
+    def conv(hidden_states, conv_state, weight, bias=None, activation=None):
+        width = weight.shape[-1]
+        if hidden_states.shape[-1] != 1 or conv_state.shape[-1] != width or bias is not None:
+            return reference(hidden_states, conv_state, weight, bias, activation)
+        return conv1d_step(hidden_states.transpose(1, 2), conv_state, weight, activation or "").transpose(1, 2)
+
+    conv.reference = reference
+    return conv
+
+
+_ROUTES = {RULE: _rule_through_the_op, CONV: _conv_through_the_op}
+
+
 def available() -> bool:
     return importlib.util.find_spec("fla") is not None
 
@@ -75,26 +112,33 @@ def layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if type(m).__name__.endswith("GatedDeltaNet")]
 
 
+def _modules(model: torch.nn.Module) -> set:
+    return {sys.modules[type(layer).__module__] for layer in layers(model)}
+
+
 def install(model: torch.nn.Module) -> int:
-    """The decode calls of every gated-delta-rule layer's rule go through ``gated_delta_rule_step``;
-    returns how many layers. None where flash-linear-attention is not installed: transformers'
-    torch loops stay, as ``kernels`` says."""
-    found = layers(model) if available() else []
-    for module in {sys.modules[type(layer).__module__] for layer in found}:
-        rule = getattr(module, RULE)
-        if not hasattr(rule, "reference"):
-            setattr(module, RULE, _through_the_op(rule))
-    return len(found)
+    """The decode calls of every gated-delta-rule layer's rule and convolution go through the
+    ops; returns how many layers. None where flash-linear-attention is not installed:
+    transformers' calls stay, as ``kernels`` says."""
+    if not available():
+        return 0
+    for module in _modules(model):
+        for name, route in _ROUTES.items():
+            call = getattr(module, name)
+            if not hasattr(call, "reference"):
+                setattr(module, name, route(call))
+    return len(layers(model))
 
 
 def uninstall(model: torch.nn.Module) -> None:
-    for module in {sys.modules[type(layer).__module__] for layer in layers(model)}:
-        rule = getattr(module, RULE)
-        setattr(module, RULE, getattr(rule, "reference", rule))
+    for module in _modules(model):
+        for name in _ROUTES:
+            call = getattr(module, name)
+            setattr(module, name, getattr(call, "reference", call))
 
 
 def kernels() -> str:
-    """What both arms run the rule with: the result's ``linear_attention_kernels``."""
+    """What both arms run the layers with: the result's ``linear_attention_kernels``."""
     if not available():
         return "transformers' torch reference"
     try:
@@ -102,6 +146,6 @@ def kernels() -> str:
     except PackageNotFoundError:
         release = "(version unknown)"
     return (
-        f"flash-linear-attention {release}: decode through flashrt_bench::gated_delta_rule_step "
-        "(fused recurrent), prefill through transformers (chunk)"
+        f"flash-linear-attention {release}: decode through flashrt_bench::gated_delta_rule_step (fused "
+        "recurrent) and flashrt_bench::conv1d_step (causal_conv1d_update), prefill through transformers (chunk)"
     )

@@ -348,56 +348,72 @@ def _tiny_qwen35(device):
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval().to(device)
 
 
-def test_qwen35_decode_step_runs_the_fused_recurrent_kernel_inside_the_compiled_step(monkeypatch, device):
-    """``gated_delta.install``: each gated-delta-rule layer's decode call goes through the op, which
-    dynamo keeps whole (``fullgraph``: no break, so the kernel runs inside the captured step),
-    and the step computes what transformers' torch loop computes; prefill calls are not taken."""
+def test_qwen35_decode_step_runs_flash_linear_attention_kernels_inside_the_compiled_step(monkeypatch, device):
+    """``gated_delta.install``: each gated-delta-rule layer's decode calls (the rule and the
+    convolution's update) go through the ops, which dynamo keeps whole (``fullgraph``: no break,
+    so the kernels run inside the captured step), and the step computes what transformers' torch
+    code computes, states included; prefill's calls are not taken."""
     pytest.importorskip("fla")
+    import collections
     import inspect
     import sys
 
+    import fla.modules.causal_conv1d.ops as fla_conv
     import fla.ops.gated_delta_rule as fla_rule
     from flashrt.bench import gated_delta
 
     model = _tiny_qwen35(device)
     modeling = sys.modules[type(gated_delta.layers(model)[0]).__module__]
-    torch_loop = inspect.unwrap(getattr(modeling, gated_delta.RULE))
-    if device.type == "cpu":  # the chunk kernels autotune, which needs a GPU driver
+    names = (gated_delta.RULE, gated_delta.CONV)
+    chosen = {name: getattr(modeling, name) for name in names}  # what transformers chose
+    if device.type == "cpu":  # autotuning needs a GPU driver: prefill's chunk kernels, the convolution's tile
         chunk = "torch_chunk_gated_delta_rule"
         monkeypatch.setattr(modeling, chunk, inspect.unwrap(getattr(modeling, chunk)))
-    kernel_calls, fused = [], fla_rule.fused_recurrent_gated_delta_rule
+        tuner = fla_conv.causal_conv1d_update_kernel
+        while not hasattr(tuner, "configs"):
+            tuner = tuner.fn
+        monkeypatch.setattr(tuner, "configs", tuner.configs[:1])
+    kernel_calls = collections.Counter()
 
-    def counted(*args, **kwargs):
-        kernel_calls.append(1)
-        return fused(*args, **kwargs)
+    def counting(module, name):
+        kernel = getattr(module, name)
 
-    monkeypatch.setattr(fla_rule, "fused_recurrent_gated_delta_rule", counted)
+        def counted(*args, **kwargs):
+            kernel_calls[name] += 1
+            return kernel(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, counted)
+
+    counting(fla_rule, "fused_recurrent_gated_delta_rule")
+    counting(fla_conv, "causal_conv1d_update")
     prompt = torch.randint(0, 512, (2, e2e.PROMPT), device=device)
 
-    def step_logits(program) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(program) -> list[torch.Tensor]:
         run = e2e.DecodeRun(model, program, prompt)
         with torch.no_grad():
             run.prefill()
             run.step()
-        return run.logits.float(), run.cache.layers[0].recurrent_states[0].clone()
+        layer = run.cache.layers[0]
+        return [run.logits.float(), layer.recurrent_states[0].clone(), layer.conv_states[0].clone()]
 
-    chosen = getattr(modeling, gated_delta.RULE)  # what transformers chose: flash-linear-attention's function
-    monkeypatch.setattr(modeling, gated_delta.RULE, torch_loop)
-    expected_logits, expected_state = step_logits(model)
-    monkeypatch.setattr(modeling, gated_delta.RULE, chosen)
+    for name in names:
+        monkeypatch.setattr(modeling, name, inspect.unwrap(chosen[name]))  # transformers' torch code
+    expected = step(model)
+    for name in names:
+        monkeypatch.setattr(modeling, name, chosen[name])
     assert gated_delta.install(model) == 3 and gated_delta.install(_tiny("moe")) == 0
     try:
-        assert kernel_calls == []
+        assert not kernel_calls
         for program in (model, torch.compile(model, backend="eager", fullgraph=True)):
             torch._dynamo.reset()
             kernel_calls.clear()
-            logits, state = step_logits(program)
-            assert len(kernel_calls) == 3, "one kernel call a layer, prefill's none"
-            torch.testing.assert_close(logits, expected_logits, atol=1e-4, rtol=1e-4)
-            torch.testing.assert_close(state, expected_state, atol=1e-5, rtol=1e-4)
+            figures = step(program)
+            assert kernel_calls == {"fused_recurrent_gated_delta_rule": 3, "causal_conv1d_update": 3}, "a layer's"
+            for got, want in zip(figures, expected, strict=True):
+                torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     finally:
         gated_delta.uninstall(model)
-    assert getattr(modeling, gated_delta.RULE) is chosen
+    assert {name: getattr(modeling, name) for name in names} == chosen
 
 
 @pytest.mark.parametrize(("kind", "groups", "removed"), [("dense", 4, 6), ("moe", 2, 4)])
