@@ -8,8 +8,8 @@ captured decode step there did not run its kernel: the batch-1 kernel profile of
 (``h200-e2e-qwen35-2dc168a-l8.json``) lists no ``fused_recurrent_gated_delta_rule`` kernel among
 the 25 a step launches, and does list compiled reductions named for the ops of transformers'
 torch loop (``select``, ``sum``, ``rsqrt``, ``exp``, ``softplus``): 200 us of the seated arm's
-799 us of kernels a step, 92 and 72 of it in two reductions launched 5 times a step each, the
-same in bf16's, for 6 layers whose states are 2 MB each. The convolution's update is torch's
+799 us of kernels a step, 92 and 72 of it in two reductions launched 5 times a step each (165
+of bf16's 1293), for 6 layers whose states are 2 MB each. The convolution's update is torch's
 (``causal_conv1d`` is not installed): a ``conv_depthwise2d`` kernel, 18 us a step, beside the
 compiled concatenation and copy of its state. vLLM registers the rule as an op of its own
 (``gdn_attention``), opaque to the compiler, and updates the convolution with one Triton kernel;
@@ -25,12 +25,13 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 
 import torch
+from flashrt.kernels.decode import cdiv, next_power_of_2
 
 # The module-level names transformers' layers call, and which of their calls are decode steps.
 RULE, CONV = "torch_recurrent_gated_delta_rule", "causal_conv1d_update"
 
 
-@torch.library.custom_op("flashrt_bench::gated_delta_rule_step", mutates_args=())
+@torch.library.custom_op("flashrt_bench::gated_delta_rule_step", mutates_args=("state",))
 def gated_delta_rule_step(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -38,19 +39,31 @@ def gated_delta_rule_step(
     g: torch.Tensor,
     beta: torch.Tensor,
     state: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One step of the rule for ``[B, 1, H, D]`` inputs from ``state [B, H, K, V]``: the output and
-    the new state (fp32), queries and keys L2-normalized in the kernel, as transformers asks."""
-    from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+) -> torch.Tensor:
+    """One step of the rule for ``[B, 1, H, D]`` inputs: the output, and ``state [B, H, K, V]``
+    (fp32) advanced in place, as vLLM's kernel does: each program reads its slice of the state
+    before it writes it. flash-linear-attention's own launcher writes a new state, which
+    transformers then copies into its cache: at 32 sequences two more passes over a layer's 64 MB.
+    Queries and keys L2-normalized in the kernel, as transformers asks."""
+    from fla.ops.gated_delta_rule.fused_recurrent import fused_recurrent_gated_delta_rule_fwd_kernel as kernel
 
-    return fused_recurrent_gated_delta_rule(
-        query, key, value, g=g, beta=beta, initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True
-    )
+    q, k, v, g, beta = (t.contiguous() for t in (query, key, value, g, beta))
+    batch, steps, heads, dim_k = k.shape
+    value_heads, dim_v = v.shape[2:]
+    block_v = min(8, next_power_of_2(dim_v))  # flash-linear-attention's launcher's tile
+    out = torch.empty_like(v)
+    kernel[(cdiv(dim_v, block_v) * batch * value_heads,)](
+        q=q, k=k, v=v, g=g, gk=None, gv=None, beta=beta, A_log=None, dt_bias=None, o=out, h0=state, ht=state,
+        cu_seqlens=None, scale=dim_k**-0.5, T=steps, H=heads, HV=value_heads, K=dim_k, V=dim_v,
+        BK=next_power_of_2(dim_k), BV=block_v, IS_BETA_HEADWISE=beta.ndim != v.ndim, USE_QK_L2NORM_IN_KERNEL=True,
+        APPLY_BETA_SIGMOID=False, ALLOW_NEG_EIGVAL=False, STATE_V_FIRST=False, num_warps=1, num_stages=3,
+    )  # fmt: skip
+    return out
 
 
 @gated_delta_rule_step.register_fake
 def _(query, key, value, g, beta, state):
-    return torch.empty_like(value), torch.empty_like(state, dtype=torch.float32)
+    return torch.empty_like(value)
 
 
 @torch.library.custom_op("flashrt_bench::conv1d_step", mutates_args=("conv_state",))
@@ -81,7 +94,7 @@ def _rule_through_the_op(reference):
                 query, key, value, g=g, beta=beta, initial_state=initial_state, output_final_state=output_final_state,
                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, **kwargs,
             )  # fmt: skip
-        return gated_delta_rule_step(query, key, value, g, beta, initial_state)
+        return gated_delta_rule_step(query, key, value, g, beta, initial_state), initial_state
 
     rule.reference = reference
     return rule
