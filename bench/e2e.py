@@ -206,10 +206,17 @@ def install_bf16_banks(model: torch.nn.Module) -> int:
 # -- vLLM's merged projections, in both arms -----------------------------------------------------
 
 # vLLM serves q, k and v as one projection (QKVParallelLinear) and gate and up as one
-# (MergedColumnParallelLinear); transformers runs each separately. Both arms get vLLM's layout,
-# so the ratio is the format's on the GEMMs a serving engine runs: at batch 1 a 1024-row k or v
-# projection is mostly launch and ramp in either arm.
-MERGED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+# (MergedColumnParallelLinear), and a gated-delta-rule layer's four input projections as two
+# (Qwen3.5's ``packed_modules_mapping``: ``in_proj_qkvz``, ``in_proj_ba``); transformers runs each
+# separately. Both arms get vLLM's layout, so the ratio is the format's on the GEMMs a serving
+# engine runs: at batch 1 a 1024-row k or v projection is mostly launch and ramp in either arm,
+# and Qwen3.5's 32-row b and a projections are nothing else.
+MERGED = {
+    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "gate_up_proj": ("gate_proj", "up_proj"),
+    "in_proj_qkvz": ("in_proj_qkv", "in_proj_z"),
+    "in_proj_ba": ("in_proj_b", "in_proj_a"),
+}
 
 
 class _MergedGroup:
@@ -245,8 +252,8 @@ class MergedMember(torch.nn.Module):
 
 def merge_projections(model: torch.nn.Module) -> int:
     """Replace each group of ``MERGED`` projections (same input size, dtype, device and bias) by
-    one ``nn.Linear`` on their parent (``qkv_proj``, ``gate_up_proj``), which is what seats then
-    find; returns how many groups were merged."""
+    one ``nn.Linear`` on their parent (``qkv_proj``, ``gate_up_proj``, ...), which is what seats
+    then find; returns how many groups were merged."""
     count = 0
     for parent in list(model.modules()):
         for merged_name, names in MERGED.items():

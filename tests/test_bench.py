@@ -417,12 +417,25 @@ def test_qwen35_decode_step_runs_flash_linear_attention_kernels_inside_the_compi
     assert {name: getattr(modeling, name) for name in names} == chosen
 
 
-@pytest.mark.parametrize(("kind", "groups", "removed"), [("dense", 4, 6), ("moe", 2, 4)])
-def test_merged_projections_compute_what_the_separate_ones_compute(kind, groups, removed):
-    """Both arms run vLLM's layout: one GEMM for q, k and v and one for gate and up, each a
-    ``nn.Linear`` the seats find, computing transformers' logits; under ``torch.compile(fullgraph
-    =True)`` the traced step has exactly the merged-away GEMMs fewer (members share the group's)."""
-    model = _tiny(kind)
+@pytest.mark.parametrize(("kind", "groups", "removed"), [("dense", 4, 6), ("moe", 2, 4), ("qwen35", 11, 12)])
+def test_merged_projections_compute_what_the_separate_ones_compute(kind, groups, removed, monkeypatch):
+    """Both arms run vLLM's layout: one GEMM for q, k and v, one for gate and up, and Qwen3.5's
+    gated-delta-rule layers' two (qkv and z, b and a), each a ``nn.Linear`` the seats find,
+    computing transformers' logits; under ``torch.compile(fullgraph=True)`` the traced step has
+    exactly the merged-away GEMMs fewer (members share the group's). The Qwen3.5 model: 3
+    gated-delta-rule layers and 1 of attention, a shared expert in each."""
+    if kind == "qwen35":
+        import inspect
+        import sys
+
+        from flashrt.bench import gated_delta
+
+        model = _tiny_qwen35(torch.device("cpu"))
+        modeling = sys.modules[type(gated_delta.layers(model)[0]).__module__]
+        chunk = "torch_chunk_gated_delta_rule"  # transformers' torch code: the kernels autotune, which needs a GPU
+        monkeypatch.setattr(modeling, chunk, inspect.unwrap(getattr(modeling, chunk)))
+    else:
+        model = _tiny(kind)
     ids = torch.randint(0, 512, (2, 16))
     linears = sum(1 for m in model.modules() if type(m) is torch.nn.Linear)
 
@@ -444,8 +457,8 @@ def test_merged_projections_compute_what_the_separate_ones_compute(kind, groups,
         torch.testing.assert_close(model(ids).logits, expected, rtol=1e-5, atol=1e-5)
         assert traced_gemms(model) == separate - removed
     names = [name for name, m in model.named_modules() if type(m) is torch.nn.Linear]
-    assert sum(n.endswith((".qkv_proj", ".gate_up_proj")) for n in names) == groups
-    assert not [n for n in names if n.endswith((".q_proj", ".k_proj", ".v_proj", ".gate_proj", ".up_proj"))]
+    assert sum(n.endswith(tuple(f".{group}" for group in e2e.MERGED)) for n in names) == groups
+    assert not [n for n in names if n.endswith(tuple(f".{m}" for members in e2e.MERGED.values() for m in members))]
     assert len(names) == linears - removed
 
 
