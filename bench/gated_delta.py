@@ -82,14 +82,15 @@ def _(x, conv_state, weight, activation):
 
 
 def _rule_through_the_op(reference):
-    """transformers' rule with its decode calls (a state to start from, the new state wanted, L2
-    norm in the kernel, no packed sequences) taken by ``gated_delta_rule_step``."""
+    """transformers' rule with its decode calls (a contiguous state to start from, the new state
+    wanted, L2 norm in the kernel, no packed sequences) taken by ``gated_delta_rule_step``."""
 
     def rule(
         query, key, value, g, beta, initial_state=None, output_final_state=False, use_qk_l2norm_in_kernel=False,
         cu_seqlens=None, **kwargs,
     ):  # fmt: skip
-        if initial_state is None or not output_final_state or not use_qk_l2norm_in_kernel or cu_seqlens is not None:
+        takes = initial_state is not None and initial_state.is_contiguous() and output_final_state
+        if not takes or not use_qk_l2norm_in_kernel or cu_seqlens is not None:
             return reference(
                 query, key, value, g=g, beta=beta, initial_state=initial_state, output_final_state=output_final_state,
                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, **kwargs,
@@ -102,11 +103,11 @@ def _rule_through_the_op(reference):
 
 def _conv_through_the_op(reference):
     """transformers' convolution update (``hidden_states [B, D, T]``) with its one-token calls on a
-    state as long as the kernel, without bias, taken by ``conv1d_step``."""
+    contiguous state as long as the kernel, without bias, taken by ``conv1d_step``."""
 
     def conv(hidden_states, conv_state, weight, bias=None, activation=None):
-        width = weight.shape[-1]
-        if hidden_states.shape[-1] != 1 or conv_state.shape[-1] != width or bias is not None:
+        takes = hidden_states.shape[-1] == 1 and conv_state.shape[-1] == weight.shape[-1] and bias is None
+        if not takes or not conv_state.is_contiguous():
             return reference(hidden_states, conv_state, weight, bias, activation)
         return conv1d_step(hidden_states.transpose(1, 2), conv_state, weight, activation or "").transpose(1, 2)
 

@@ -348,6 +348,26 @@ def _tiny_qwen35(device):
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval().to(device)
 
 
+def _untuned_on_the_cpu(monkeypatch, modeling=None) -> None:
+    """What autotunes, which needs a GPU driver, does not on the CPU: prefill's chunk kernels
+    (transformers' torch code instead) and the convolution's tile (the first config). Without
+    flash-linear-attention nothing does."""
+    import importlib.util
+    import inspect
+
+    if importlib.util.find_spec("fla") is None:
+        return
+    import fla.modules.causal_conv1d.ops as fla_conv
+
+    if modeling is not None:
+        chunk = "torch_chunk_gated_delta_rule"
+        monkeypatch.setattr(modeling, chunk, inspect.unwrap(getattr(modeling, chunk)))
+    tuner = fla_conv.causal_conv1d_update_kernel
+    while not hasattr(tuner, "configs"):
+        tuner = tuner.fn
+    monkeypatch.setattr(tuner, "configs", tuner.configs[:1])
+
+
 def test_qwen35_decode_step_runs_flash_linear_attention_kernels_inside_the_compiled_step(monkeypatch, device):
     """``gated_delta.install``: each gated-delta-rule layer's decode calls (the rule and the
     convolution's update) go through the ops, which dynamo keeps whole (``fullgraph``: no break,
@@ -367,13 +387,8 @@ def test_qwen35_decode_step_runs_flash_linear_attention_kernels_inside_the_compi
     modeling = sys.modules[type(gated_delta.layers(model)[0]).__module__]
     names = (gated_delta.RULE, gated_delta.CONV)
     chosen = {name: getattr(modeling, name) for name in names}  # what transformers chose
-    if device.type == "cpu":  # autotuning needs a GPU driver: prefill's chunk kernels, the convolution's tile
-        chunk = "torch_chunk_gated_delta_rule"
-        monkeypatch.setattr(modeling, chunk, inspect.unwrap(getattr(modeling, chunk)))
-        tuner = fla_conv.causal_conv1d_update_kernel
-        while not hasattr(tuner, "configs"):
-            tuner = tuner.fn
-        monkeypatch.setattr(tuner, "configs", tuner.configs[:1])
+    if device.type == "cpu":
+        _untuned_on_the_cpu(monkeypatch, modeling)
     kernel_calls = collections.Counter()
 
     class Counted:  # a kernel whose launches are counted
@@ -417,6 +432,34 @@ def test_qwen35_decode_step_runs_flash_linear_attention_kernels_inside_the_compi
     assert {name: getattr(modeling, name) for name in names} == chosen
 
 
+def test_the_gated_delta_ops_take_only_the_calls_their_kernels_compute(monkeypatch):
+    """Prefill's calls, a strided state, no L2 norm in the kernel, several tokens or a bias stay
+    transformers'; a decode call goes to the op, the rule's state advanced in place."""
+    pytest.importorskip("fla")
+    from flashrt.bench import gated_delta
+
+    _untuned_on_the_cpu(monkeypatch)
+
+    taken = []
+    rule = gated_delta._rule_through_the_op(lambda *args, **kwargs: taken.append("rule"))
+    conv = gated_delta._conv_through_the_op(lambda *args, **kwargs: taken.append("conv"))
+    q, k, v = (torch.randn(1, 1, 2, 16) for _ in range(3))
+    g, beta, state = -torch.rand(1, 1, 2), torch.rand(1, 1, 2), torch.randn(1, 2, 16, 16)
+    decode = dict(output_final_state=True, use_qk_l2norm_in_kernel=True)
+    rule(q, k, v, g, beta, **decode)
+    rule(q, k, v, g, beta, initial_state=state.transpose(2, 3), **decode)
+    rule(q, k, v, g, beta, initial_state=state, output_final_state=True)
+    x, conv_state, weight = torch.randn(1, 8, 1), torch.randn(1, 8, 4), torch.randn(8, 4)
+    conv(torch.randn(1, 8, 2), conv_state, weight, None, "silu")
+    conv(x, conv_state, weight, torch.zeros(8), "silu")
+    conv(x, conv_state.transpose(1, 2).contiguous().transpose(1, 2), weight, None, "silu")
+    assert taken == ["rule"] * 3 + ["conv"] * 3
+    before = state.clone()
+    out, advanced = rule(q, k, v, g, beta, initial_state=state, **decode)
+    assert advanced is state and not torch.equal(state, before) and out.shape == v.shape
+    assert conv(x, conv_state, weight, None, "silu").shape == x.shape and taken == ["rule"] * 3 + ["conv"] * 3
+
+
 @pytest.mark.parametrize(("kind", "groups", "removed"), [("dense", 4, 6), ("moe", 2, 4), ("qwen35", 11, 12)])
 def test_merged_projections_compute_what_the_separate_ones_compute(kind, groups, removed, monkeypatch):
     """Both arms run vLLM's layout: one GEMM for q, k and v, one for gate and up, and Qwen3.5's
@@ -425,15 +468,12 @@ def test_merged_projections_compute_what_the_separate_ones_compute(kind, groups,
     exactly the merged-away GEMMs fewer (members share the group's). The Qwen3.5 model: 3
     gated-delta-rule layers and 1 of attention, a shared expert in each."""
     if kind == "qwen35":
-        import inspect
         import sys
 
         from flashrt.bench import gated_delta
 
         model = _tiny_qwen35(torch.device("cpu"))
-        modeling = sys.modules[type(gated_delta.layers(model)[0]).__module__]
-        chunk = "torch_chunk_gated_delta_rule"  # transformers' torch code: the kernels autotune, which needs a GPU
-        monkeypatch.setattr(modeling, chunk, inspect.unwrap(getattr(modeling, chunk)))
+        _untuned_on_the_cpu(monkeypatch, sys.modules[type(gated_delta.layers(model)[0]).__module__])
     else:
         model = _tiny(kind)
     ids = torch.randint(0, 512, (2, 16))
