@@ -460,6 +460,25 @@ def test_the_gated_delta_ops_take_only_the_calls_their_kernels_compute(monkeypat
     assert conv(x, conv_state, weight, None, "silu").shape == x.shape and taken == ["rule"] * 3 + ["conv"] * 3
 
 
+def test_every_arm_of_the_gated_delta_probe_computes_transformers_step(monkeypatch, device):
+    """``bench/probe_gated_delta.py`` times what transformers' code computes: each arm's output
+    and advanced state at the probe's Qwen3.5 shapes, and the checker sees a wrong one."""
+    pytest.importorskip("fla")
+    from flashrt.bench import probe_gated_delta
+
+    if device.type == "cpu":
+        _untuned_on_the_cpu(monkeypatch)
+    found = probe_gated_delta.arms(compiled=False)
+    worst = probe_gated_delta.errors(found, 1, device)
+    assert set(worst) == {*probe_gated_delta.RULE_ARMS, *probe_gated_delta.CONV_ARMS}
+    assert max(worst.values()) < 1e-2, worst
+    wrong = {name: found[name] for name in ("torch_loop", "conv_torch")}
+    wrong["in_place"] = lambda i: probe_gated_delta.gated_delta.gated_delta_rule_step(
+        i["query"], i["key"], i["value"], i["g"] * 2, i["beta"], i["state"]
+    )
+    assert probe_gated_delta.errors(wrong, 1, device)["in_place"] > 1e-2
+
+
 @pytest.mark.parametrize(("kind", "groups", "removed"), [("dense", 4, 6), ("moe", 2, 4), ("qwen35", 11, 12)])
 def test_merged_projections_compute_what_the_separate_ones_compute(kind, groups, removed, monkeypatch):
     """Both arms run vLLM's layout: one GEMM for q, k and v, one for gate and up, and Qwen3.5's
