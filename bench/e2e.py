@@ -17,17 +17,17 @@ profile); the band sweep measures decode with the packed bank and with the host 
 same batch, which is where the default band comes from.
 
 Both arms run vLLM's merged projections (``merge_projections``: q, k and v one GEMM, gate and
-up one), not transformers' separate ones, a decode attention that reads each key-value head
-once, split along the cache (``gqa_decode_attention``, ``decode_attention``), and the router's
-logits GEMM (vLLM's ``GateLinear`` tier up to 16 tokens) and softmax and top-k in one launch each
-(``router_topk``), and Qwen3.5's gated delta rule in the decode step through one opaque op on
-flash-linear-attention's fused recurrent kernel (``gated_delta``), as a serving engine's do.
-Where torch has it, both compile their kernels with PDL (inductor's ``triton.enable_pdl``;
-``--inductor-pdl off`` leaves it off), which the ring forms follow (``decode.launch_pdl``):
-Llama-3-8B's seated step 2.25 to 2.07 ms at batch 1, its bf16 step 4.54 to 4.44 (H200,
-0d80628). The decode
-attention's and the router's kernels are launched with PDL in the arm where that is faster, the
-seated one (``PDL_ARMS``).
+up one, a gated-delta-rule layer's four input projections two), not transformers' separate
+ones, a decode attention that reads each key-value head once, split along the cache
+(``gqa_decode_attention``, ``decode_attention``), the router's logits GEMM (vLLM's
+``GateLinear`` tier up to 16 tokens) and softmax and top-k in one launch each (``router_topk``),
+and Qwen3.5's gated delta rule and convolution update in the decode step as ops on
+flash-linear-attention's kernels that the compiler does not look into (``gated_delta``), as a
+serving engine's do. Where torch has it, both compile their kernels with PDL (inductor's
+``triton.enable_pdl``; ``--inductor-pdl off`` leaves it off), which the ring forms follow
+(``decode.launch_pdl``): Llama-3-8B's seated step 2.25 to 2.07 ms at batch 1, its bf16 step
+4.54 to 4.44 (H200, 0d80628). The decode attention's and the router's kernels are launched with
+PDL in the arm where that is faster, the seated one (``PDL_ARMS``).
 
 Random Gaussian weights give expert banks a parity near 0.987 against bf16 (two chained NVFP4
 GEMMs and a gate), so MoE models use a parity floor of 0.98, stated in the result.
@@ -617,8 +617,8 @@ _PER_ROW = ("logits", *_PROFILES)  # in the rows, not the bf16 summary
 
 def serve_as_engines_do(model: torch.nn.Module) -> dict:
     """Both arms' common ground, in place: vLLM's merged projections, the fused bf16 expert
-    banks, the fused routers and the gated delta rule's decode op (``gated_delta``); how many
-    of each."""
+    banks, the fused routers and the gated-delta-rule layers' decode ops (``gated_delta``); how
+    many of each."""
     return {
         "merged_projections": merge_projections(model),
         "expert_banks": install_bf16_banks(model),

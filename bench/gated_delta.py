@@ -27,7 +27,7 @@ from importlib.metadata import PackageNotFoundError, version
 import torch
 from flashrt.kernels.decode import cdiv, next_power_of_2
 
-# The module-level names transformers' layers call, and which of their calls are decode steps.
+# The module-level functions transformers' gated-delta-rule layers call, whose decode calls the ops take.
 RULE, CONV = "torch_recurrent_gated_delta_rule", "causal_conv1d_update"
 
 
