@@ -59,10 +59,20 @@ def _output_rows(module: torch.nn.Module) -> int | None:
     return None if w is None else w.shape[0]
 
 
+def _output_head(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The model's ``lm_head``, or the one ``lm_head`` under it: vLLM's vision-language models
+    (Qwen3.5's checkpoints among them) hold it at ``language_model.lm_head``."""
+    head = getattr(model, "lm_head", None)
+    if head is not None:
+        return head
+    heads = [module for name, module in model.named_modules() if name.rsplit(".", 1)[-1] == "lm_head"]
+    return heads[0] if len(heads) == 1 else None
+
+
 def discover_vllm(model: torch.nn.Module, profile: SeatProfile) -> list[SeatSpec]:
     """Seats the profile admits, smallest first; an expert bank's router (vLLM's ``GateLinear``
     is a ``ReplicatedLinear`` with a ``quant_method``) is never one (``routing_projections``)."""
-    head = getattr(model, "lm_head", None)
+    head = _output_head(model)
     banks = {
         name: {m.w13_weight.shape[0], getattr(m, "global_num_experts", m.w13_weight.shape[0])}
         for name, m in model.named_modules()

@@ -84,6 +84,20 @@ def test_the_runner_tree_and_the_older_fused_moe_tree_are_both_found():
         }, specs
 
 
+def test_a_vision_language_model_s_head_under_its_language_model_is_found():
+    """vLLM's vision-language trees (Qwen3.5's checkpoints are ``...ForConditionalGeneration``)
+    hold the head at ``language_model.lm_head``: until 2026-12-04 it was not found, and the
+    largest projection of the model was left to vLLM."""
+    model = nn.Module()
+    model.visual = nn.Module()
+    model.visual.proj = Linear(64, 64)
+    model.language_model = _model(Runner(), tied=False)
+    specs = {s.name: s.kind for s in discover_vllm(model, SeatProfile(min_params=0))}
+    assert specs["language_model.lm_head"] == "head" and specs["visual.proj"] == "dense", specs
+    model.visual.lm_head = Embedding(256, 64)  # two heads: which one is the output is not known
+    assert "head" not in {s.kind for s in discover_vllm(model, SeatProfile(min_params=0))}
+
+
 def test_a_cpu_layer_whose_weight_vllm_emptied_is_found_through_the_kept_copy():
     model = _model(Runner(), tied=False)
     proj = model.model.layers[0].self_attn.o_proj
