@@ -167,5 +167,9 @@ def test_a_bank_beside_shared_experts_serves_the_routed_ones_and_runs_the_shared
     assert seat.calls == 1 and seat.fallbacks == 0 and orders == [SharedExpertsOrder.MK_INTERNAL_OVERLAPPED]
     expected = BankMethod().apply(bank, x, weights, ids)
     assert torch.nn.functional.cosine_similarity(out.float(), expected.float(), dim=-1).min() > 0.98
+    rows = seat.profile.moe_band_t + 1  # past the band: vLLM's bank, the routed experts alone, then the shared ones
+    x, weights, ids = torch.randn(rows, 64, dtype=torch.bfloat16), weights[:1].expand(rows, 2), ids[:1].expand(rows, 2)
+    out = bank.quant_method.apply(bank, x, weights, ids, lambda _, order: orders.append(order), x)
+    assert torch.equal(out, BankMethod().apply(bank, x, weights, ids)) and seat.calls == 1 and len(orders) == 2
     handle.detach()
     assert isinstance(bank.quant_method, BankMethod)
