@@ -69,10 +69,23 @@ def _output_head(model: torch.nn.Module) -> torch.nn.Module | None:
     return heads[0] if len(heads) == 1 else None
 
 
+def _language_part(model: torch.nn.Module) -> torch.nn.Module:
+    """A vision-language model's language model (vLLM's ``get_language_model``), else the model.
+    The vision encoder runs once an image, in prefill, where weight-only 4-bit buys no decode
+    time and costs the image features accuracy: it is left to vLLM."""
+    language = getattr(model, "get_language_model", None)
+    try:
+        return language() if callable(language) else model
+    except Exception:
+        return model
+
+
 def discover_vllm(model: torch.nn.Module, profile: SeatProfile) -> list[SeatSpec]:
-    """Seats the profile admits, smallest first; an expert bank's router (vLLM's ``GateLinear``
-    is a ``ReplicatedLinear`` with a ``quant_method``) is never one (``routing_projections``)."""
+    """Seats the profile admits, smallest first, in the language model; an expert bank's router
+    (vLLM's ``GateLinear`` is a ``ReplicatedLinear`` with a ``quant_method``) is never one
+    (``routing_projections``)."""
     head = _output_head(model)
+    language = {id(m) for m in _language_part(model).modules()}
     banks = {
         name: {m.w13_weight.shape[0], getattr(m, "global_num_experts", m.w13_weight.shape[0])}
         for name, m in model.named_modules()
@@ -83,7 +96,7 @@ def discover_vllm(model: torch.nn.Module, profile: SeatProfile) -> list[SeatSpec
     for name, module in model.named_modules():
         if getattr(module, "quant_method", None) is None or not hasattr(module.quant_method, "apply"):
             continue
-        if name in routers:
+        if name in routers or id(module) not in language:
             continue
         if _expert_bank(module):
             params = module.w13_weight.numel() + module.w2_weight.numel()

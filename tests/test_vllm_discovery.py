@@ -84,16 +84,28 @@ def test_the_runner_tree_and_the_older_fused_moe_tree_are_both_found():
         }, specs
 
 
-def test_a_vision_language_model_s_head_under_its_language_model_is_found():
+class VisionLanguage(nn.Module):  # vLLM's multimodal models name their language model
+    def __init__(self):
+        super().__init__()
+        self.visual = nn.Module()
+        self.visual.proj = Linear(64, 64)
+        self.language_model = _model(Runner(), tied=False)
+
+    def get_language_model(self):
+        return self.language_model
+
+
+def test_a_vision_language_model_seats_its_language_model_and_the_head_under_it():
     """vLLM's vision-language trees (Qwen3.5's checkpoints are ``...ForConditionalGeneration``)
     hold the head at ``language_model.lm_head``: until 2026-12-04 it was not found, and the
-    largest projection of the model was left to vLLM."""
-    model = nn.Module()
-    model.visual = nn.Module()
-    model.visual.proj = Linear(64, 64)
-    model.language_model = _model(Runner(), tied=False)
+    largest projection of the model was left to vLLM. The vision encoder (prefill only) is not
+    seated; a model that does not name its language model is seated whole."""
+    model = VisionLanguage()
     specs = {s.name: s.kind for s in discover_vllm(model, SeatProfile(min_params=0))}
-    assert specs["language_model.lm_head"] == "head" and specs["visual.proj"] == "dense", specs
+    assert specs["language_model.lm_head"] == "head" and "visual.proj" not in specs, specs
+    assert "language_model.model.layers.0.mlp.experts.routed_experts" in specs
+    model.get_language_model = None
+    assert "visual.proj" in {s.name for s in discover_vllm(model, SeatProfile(min_params=0))}
     model.visual.lm_head = Embedding(256, 64)  # two heads: which one is the output is not known
     assert "head" not in {s.kind for s in discover_vllm(model, SeatProfile(min_params=0))}
 
