@@ -9,7 +9,8 @@ back. Each tensor-parallel rank seats its own shard.
 
 Structure, not class names: a projection has a ``quant_method`` and a 2-D weight with
 ``input_size``/``output_size`` (on vLLM's CPU backend the weight was emptied after loading and
-the plugin kept a copy); the head is the model's ``lm_head``; an expert bank is a module with
+the plugin kept a copy), in the language model of a vision-language model; the head is the
+model's ``lm_head`` or the one under it; an expert bank is a module with
 3-D ``w13_weight``/``w2_weight`` and a ``quant_method`` (vLLM 0.32's ``routed_experts``; routing
 stays with vLLM's router, in the compiled graph). A bank beside shared experts (Qwen3-Next,
 Qwen3.5) serves its routed experts and runs the shared ones where vLLM's kernel would; expert
@@ -96,7 +97,7 @@ def discover_vllm(model: torch.nn.Module, profile: SeatProfile) -> list[SeatSpec
     for name, module in model.named_modules():
         if getattr(module, "quant_method", None) is None or not hasattr(module.quant_method, "apply"):
             continue
-        if name in routers or id(module) not in language:
+        if name in routers or (id(module) not in language and module is not head):  # head: outside some decoders
             continue
         if _expert_bank(module):
             params = module.w13_weight.numel() + module.w2_weight.numel()

@@ -104,6 +104,8 @@ def test_a_vision_language_model_seats_its_language_model_and_the_head_under_it(
     specs = {s.name: s.kind for s in discover_vllm(model, SeatProfile(min_params=0))}
     assert specs["language_model.lm_head"] == "head" and "visual.proj" not in specs, specs
     assert "language_model.model.layers.0.mlp.experts.routed_experts" in specs
+    model.get_language_model = lambda: model.language_model.model  # some name the decoder alone: the head stays
+    assert specs == {s.name: s.kind for s in discover_vllm(model, SeatProfile(min_params=0))}
     model.get_language_model = None
     assert "visual.proj" in {s.name for s in discover_vllm(model, SeatProfile(min_params=0))}
     model.visual.lm_head = Embedding(256, 64)  # two heads: which one is the output is not known
