@@ -432,26 +432,28 @@ def test_qwen35_decode_step_runs_flash_linear_attention_kernels_inside_the_compi
     assert {name: getattr(modeling, name) for name in names} == chosen
 
 
-def test_the_gated_delta_ops_take_only_the_calls_their_kernels_compute(monkeypatch):
+def test_the_gated_delta_ops_take_only_the_calls_their_kernels_compute(monkeypatch, device):
     """Prefill's calls, a strided state, no L2 norm in the kernel, several tokens or a bias stay
     transformers'; a decode call goes to the op, the rule's state advanced in place."""
     pytest.importorskip("fla")
     from flashrt.bench import gated_delta
 
-    _untuned_on_the_cpu(monkeypatch)
-
+    if device.type == "cpu":
+        _untuned_on_the_cpu(monkeypatch)
     taken = []
     rule = gated_delta._rule_through_the_op(lambda *args, **kwargs: taken.append("rule"))
     conv = gated_delta._conv_through_the_op(lambda *args, **kwargs: taken.append("conv"))
-    q, k, v = (torch.randn(1, 1, 2, 16) for _ in range(3))
-    g, beta, state = -torch.rand(1, 1, 2), torch.rand(1, 1, 2), torch.randn(1, 2, 16, 16)
+    q, k, v = (torch.randn(1, 1, 2, 16, device=device) for _ in range(3))
+    g, beta = -torch.rand(1, 1, 2, device=device), torch.rand(1, 1, 2, device=device)
+    state = torch.randn(1, 2, 16, 16, device=device)
     decode = dict(output_final_state=True, use_qk_l2norm_in_kernel=True)
     rule(q, k, v, g, beta, **decode)
     rule(q, k, v, g, beta, initial_state=state.transpose(2, 3), **decode)
     rule(q, k, v, g, beta, initial_state=state, output_final_state=True)
-    x, conv_state, weight = torch.randn(1, 8, 1), torch.randn(1, 8, 4), torch.randn(8, 4)
-    conv(torch.randn(1, 8, 2), conv_state, weight, None, "silu")
-    conv(x, conv_state, weight, torch.zeros(8), "silu")
+    x, conv_state = torch.randn(1, 8, 1, device=device), torch.randn(1, 8, 4, device=device)
+    weight = torch.randn(8, 4, device=device)
+    conv(torch.randn(1, 8, 2, device=device), conv_state, weight, None, "silu")
+    conv(x, conv_state, weight, torch.zeros(8, device=device), "silu")
     conv(x, conv_state.transpose(1, 2).contiguous().transpose(1, 2), weight, None, "silu")
     assert taken == ["rule"] * 3 + ["conv"] * 3
     before = state.clone()

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 from flashrt.runtime.profile import SeatProfile
 from flashrt.runtime.vllm_seats import discover_vllm
@@ -162,7 +163,10 @@ def test_a_bank_beside_shared_experts_serves_the_routed_ones_and_runs_the_shared
     call that brought shared experts went to vLLM's bank whole, and a seated Qwen3-Next bank
     served no call."""
     from flashrt.runtime.vllm_seats import _kernel_shared_experts_order, attach_vllm
-    from vllm.model_executor.layers.fused_moe.runner.shared_experts import SharedExpertsOrder
+
+    SharedExpertsOrder = pytest.importorskip(
+        "vllm.model_executor.layers.fused_moe.runner.shared_experts"
+    ).SharedExpertsOrder
 
     assert _kernel_shared_experts_order() is SharedExpertsOrder.MK_INTERNAL_OVERLAPPED
     torch.manual_seed(0)
