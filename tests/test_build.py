@@ -200,3 +200,56 @@ print("assembled", len(chosen))
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "assembled 2" in done.stdout
+
+
+@pytest.mark.parametrize("triton_path", ["suite", "h200"])
+def test_the_gated_delta_ops_kernels_build_for_sm_90(triton_path):
+    """flash-linear-attention's two decode kernels, as ``bench/gated_delta.py``'s ops launch them
+    at Qwen3.5-35B-A3B's layer (32 value heads of 128, the fused recurrent kernel's state read
+    and written in place; a 4-wide convolution over 8192 channels), compile for sm_90 with the
+    suite's Triton and the H200's: a device call spends its time running them, not failing."""
+    pytest.importorskip("fla")
+    code = """
+import triton
+from triton.backends.compiler import GPUTarget
+import fla.modules.causal_conv1d.ops as conv
+import fla.ops.gated_delta_rule.fused_recurrent as rule
+
+def build(kernel, pointers, ints, constexprs, warps):
+    while not isinstance(kernel, triton.runtime.jit.JITFunction):
+        kernel = kernel.fn  # under the heuristics and the autotuner
+    signature = {}
+    for name in kernel.arg_names:
+        signature[name] = pointers.get(name) or ints.get(name) or "constexpr"
+    assert set(kernel.arg_names) == set(pointers) | set(ints) | set(constexprs), kernel.arg_names
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names) if name in pointers}
+    src = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 3})
+
+off = dict.fromkeys(("USE_GK", "USE_GV", "STATE_V_FIRST", "IS_VARLEN", "USE_GATE_IN_KERNEL", "HAS_DT_BIAS",
+                     "APPLY_BETA_SIGMOID", "ALLOW_NEG_EIGVAL"), False)
+on = dict.fromkeys(("USE_G", "USE_QK_L2NORM_IN_KERNEL", "IS_BETA_HEADWISE", "USE_INITIAL_STATE",
+                    "STORE_FINAL_STATE"), True)
+k = build(rule.fused_recurrent_gated_delta_rule_fwd_kernel,
+          {"q": "*bf16", "k": "*bf16", "v": "*bf16", "g": "*fp32", "beta": "*bf16", "o": "*bf16", "h0": "*fp32",
+           "ht": "*fp32"},
+          {"scale": "fp32", "T": "i32"},
+          {"gk": None, "gv": None, "A_log": None, "dt_bias": None, "cu_seqlens": None, "H": 32, "HV": 32, "K": 128,
+           "V": 128, "BK": 128, "BV": 8} | off | on, 1)
+assert k.asm["cubin"]
+k = build(conv.causal_conv1d_update_kernel,
+          {"x": "*bf16", "cache": "*bf16", "y": "*bf16", "weight": "*bf16"},
+          {"stride_x_n": "i32", "stride_x_d": "i32", "stride_y_n": "i32", "stride_y_d": "i32"},
+          {"residual": None, "bias": None, "D": 8192, "W": 4, "BD": 64, "BW": 4, "ACTIVATION": "silu",
+           "USE_INITIAL_STATE": True, "HAS_WEIGHT": True, "HAS_BIAS": False, "HAS_RESIDUAL": False}, 4)
+assert k.asm["cubin"]
+print("built", triton.__version__)
+"""
+    env = compile_env()
+    if triton_path == "h200":
+        installed = sorted(H200_TRITON.glob("triton-*.dist-info"))
+        assert installed, f"no Triton in {H200_TRITON}: run make test (the Makefile's H200_TRITON)"
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(H200_TRITON), env.get("PYTHONPATH")) if p)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert ("built 3.6" in done.stdout) == (triton_path == "h200"), done.stdout
