@@ -128,6 +128,29 @@ def test_dashboard_and_alerts_use_documented_metrics_and_show_every_seat_metric(
     assert any(m.startswith("vllm:") for m in used_dashboard), "vLLM's own throughput sits beside the seats"
 
 
+def test_every_alert_and_dashboard_query_is_promql():
+    """Prometheus's grammar (``promql-parser``) on each rendered alert and each dashboard query,
+    Grafana's variables given values: a query that does not parse never fires or draws, and
+    nothing else would say so."""
+    import promql_parser
+
+    rules = next(d for d in render(COMBINATIONS["monitoring"]) if d["kind"] == "PrometheusRule")
+    alerts = {r["alert"]: r["expr"] for g in rules["spec"]["groups"] for r in g["rules"]}
+    dashboard = json.loads((CHART / "dashboards" / "flashrt-seats.json").read_text())
+    grafana = {"$__rate_interval": "5m", "$__range": "1h", "$namespace": "default"}
+    queries = {f"{p['title']}: {t['expr']}": t["expr"] for p in dashboard["panels"] for t in p["targets"]}
+    for name, expr in (alerts | queries).items():
+        for variable, value in grafana.items():
+            expr = expr.replace(variable, value)
+        try:
+            promql_parser.parse(expr)
+        except ValueError as exc:
+            raise AssertionError(f"{name}: {exc}") from exc
+    assert "FlashrtSeatsIdle" in alerts
+    with pytest.raises(ValueError):
+        promql_parser.parse(alerts["FlashrtSeatsIdle"].replace("(rate(", "(rate((", 1))
+
+
 def test_crd_is_valid_and_its_defaults_are_the_profile_defaults():
     """The CRD, the operator's profile and the runtime's agree: a profile that sets nothing
     gives a pod the runtime's own defaults."""
