@@ -156,14 +156,8 @@ for b in chosen:
     assert k.asm["cubin"], cfg
 print("built", triton.__version__)
 """
-    env = compile_env()
-    if triton_path == "h200":
-        installed = sorted(H200_TRITON.glob("triton-*.dist-info"))
-        assert installed, f"no Triton in {H200_TRITON}: run make test (the Makefile's H200_TRITON)"
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(H200_TRITON), env.get("PYTHONPATH")) if p)
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    assert ("built 3.6" in done.stdout) == (triton_path == "h200"), done.stdout
+    printed = _run_with(triton_path, code)
+    assert ("built 3.6" in printed) == (triton_path == "h200"), printed
 
 
 def test_the_timeline_probe_s_ptx_edit_builds_for_sm_90_with_the_h200_s_triton():
@@ -193,13 +187,7 @@ for b in chosen:
     assert k.asm["cubin"] and "%globaltimer" in k.asm["ptx"], b.constexprs
 print("assembled", len(chosen))
 """
-    env = compile_env()
-    installed = sorted(H200_TRITON.glob("triton-*.dist-info"))
-    assert installed, f"no Triton in {H200_TRITON}: run make test (the Makefile's H200_TRITON)"
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(H200_TRITON), env.get("PYTHONPATH")) if p)
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    assert "assembled 2" in done.stdout
+    assert "assembled 2" in _run_with("h200", code)
 
 
 @pytest.mark.parametrize("triton_path", ["suite", "h200"])
@@ -245,11 +233,18 @@ k = build(conv.causal_conv1d_update_kernel,
 assert k.asm["cubin"]
 print("built", triton.__version__)
 """
+    printed = _run_with(triton_path, code)
+    assert ("built 3.6" in printed) == (triton_path == "h200"), printed
+
+
+def _run_with(triton_path: str, code: str) -> str:
+    """What ``code`` prints, run in a subprocess with the suite's Triton (``suite``) or the
+    H200's (``h200``: ``background_build.H200_TRITON``, which ``make test`` installs)."""
     env = compile_env()
     if triton_path == "h200":
         installed = sorted(H200_TRITON.glob("triton-*.dist-info"))
         assert installed, f"no Triton in {H200_TRITON}: run make test (the Makefile's H200_TRITON)"
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(H200_TRITON), env.get("PYTHONPATH")) if p)
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    assert ("built 3.6" in done.stdout) == (triton_path == "h200"), done.stdout
+    return done.stdout
