@@ -126,26 +126,26 @@ def layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if type(m).__name__.endswith("GatedDeltaNet")]
 
 
-def _modules(model: torch.nn.Module) -> set:
-    return {sys.modules[type(layer).__module__] for layer in layers(model)}
+def _modules(found: list[torch.nn.Module]) -> set:
+    """The transformers modules whose functions the layers ``found`` call."""
+    return {sys.modules[type(layer).__module__] for layer in found}
 
 
 def install(model: torch.nn.Module) -> int:
     """The decode calls of every gated-delta-rule layer's rule and convolution go through the
     ops; returns how many layers. None where flash-linear-attention is not installed:
     transformers' calls stay, as ``kernels`` says."""
-    if not available():
-        return 0
-    for module in _modules(model):
+    found = layers(model) if available() else []
+    for module in _modules(found):
         for name, route in _ROUTES.items():
             call = getattr(module, name)
             if not hasattr(call, "reference"):
                 setattr(module, name, route(call))
-    return len(layers(model))
+    return len(found)
 
 
 def uninstall(model: torch.nn.Module) -> None:
-    for module in _modules(model):
+    for module in _modules(layers(model)):
         for name in _ROUTES:
             call = getattr(module, name)
             setattr(module, name, getattr(call, "reference", call))

@@ -30,7 +30,10 @@ import torch
 from flashrt.bench import e2e, gated_delta, timing
 from flashrt.bench.kernels import provenance
 
-KEY_HEADS, VALUE_HEADS, DIM, WIDTH = 16, 32, 128, 4
+_CONFIG = e2e.MODELS["qwen3.5-35b-a3b"](0)  # the e2e's layer: key and value heads of the same size
+KEY_HEADS, VALUE_HEADS = _CONFIG.linear_num_key_heads, _CONFIG.linear_num_value_heads
+DIM, WIDTH = _CONFIG.linear_key_head_dim, _CONFIG.linear_conv_kernel_dim
+assert _CONFIG.linear_value_head_dim == DIM
 CHANNELS = 2 * KEY_HEADS * DIM + VALUE_HEADS * DIM
 RULE_ARMS, CONV_ARMS = ("torch_loop", "fla", "in_place"), ("conv_torch", "conv_fla")
 
