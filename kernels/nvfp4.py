@@ -151,16 +151,27 @@ def global_scale_of(amax: torch.Tensor) -> torch.Tensor:
     return torch.where(amax > 0, _divide(amax, E2M1_MAX * E4M3_MAX), torch.ones_like(amax))
 
 
-def quantize_reference(weight: torch.Tensor) -> NVFP4Weight:
+def _check_amax(amax: torch.Tensor, weight: torch.Tensor) -> None:
+    batch = tuple(weight.shape[:-2])
+    if not isinstance(amax, torch.Tensor) or tuple(amax.shape) != batch:
+        got = tuple(amax.shape) if isinstance(amax, torch.Tensor) else type(amax).__name__
+        raise ValueError(f"amax: got {got}, need a tensor of shape {batch} (one per weight matrix)")
+
+
+def quantize_reference(weight: torch.Tensor, amax: torch.Tensor | None = None) -> NVFP4Weight:
     """Plain-torch NVFP4 quantization of ``[N, K]`` or ``[E, N, K]`` (one global scale per expert).
 
     The definition every faster quantizer is checked against, bit for bit: the same bytes on
-    every device (``_divide``).
+    every device (``_divide``). ``amax`` is the whole weight's where ``weight`` is a part of it
+    (``quantize``).
     """
     _check_dense("weight", weight)
     *batch, n, k = weight.shape
     w = weight.float()
-    global_scale = global_scale_of(w.abs().amax(dim=(-2, -1)))
+    if amax is None:
+        amax = w.abs().amax(dim=(-2, -1))
+    _check_amax(amax, weight)
+    global_scale = global_scale_of(amax.to(w.device))
     g = global_scale.reshape(*batch, 1, 1, 1)
     blocks = w.reshape(*batch, n, k // BLOCK_SIZE, BLOCK_SIZE)
     block_amax = blocks.abs().amax(dim=-1, keepdim=True)
@@ -185,17 +196,22 @@ def dequantize(w: NVFP4Weight, dtype: torch.dtype = torch.bfloat16) -> torch.Ten
     return values.reshape(*batch, n, half_k * 2).to(dtype)
 
 
-def quantize(weight: torch.Tensor) -> NVFP4Weight:
+def quantize(weight: torch.Tensor, amax: torch.Tensor | None = None) -> NVFP4Weight:
     """NVFP4-quantize a weight: the Triton kernel on a CUDA device, the reference elsewhere.
 
     Both give the same bytes. On an H200 the kernel runs near copy bandwidth, fast enough to
     quantize at model load (figure in ``bench/results/``).
+
+    ``amax`` (shape ``weight.shape[:-2]``) sets the global scale instead of the weight's own
+    absolute maximum: give the whole weight's when ``weight`` is a part of it (a tensor-parallel
+    shard, a slab of the head). The E4M3 block scales and E2M1 codes of a row depend only on
+    that row and the global scale, so the parts then hold exactly the bytes the whole would.
     """
     if weight.is_cuda:
         from flashrt.kernels.quantizer import quantize_triton
 
-        return quantize_triton(weight)
-    return quantize_reference(weight)
+        return quantize_triton(weight, amax)
+    return quantize_reference(weight, amax)
 
 
 # -- checkpoint layouts --------------------------------------------------------------------------

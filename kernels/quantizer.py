@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 from flashrt.kernels.decode import cdiv
-from flashrt.kernels.nvfp4 import BLOCK_SIZE, E2M1_MAX, E4M3_MAX, NVFP4Weight, _check_dense
+from flashrt.kernels.nvfp4 import BLOCK_SIZE, E2M1_MAX, E4M3_MAX, NVFP4Weight, _check_amax, _check_dense
 
 AMAX_BLOCK = 8192
 # Experts per chunk: at most this many bf16 bytes, well under the H200's 50 MB of L2.
@@ -184,9 +184,12 @@ def quantize_rows(x: torch.Tensor) -> NVFP4Weight:
     return NVFP4Weight(packed, scales.view(torch.float8_e4m3fn), global_scale)
 
 
-def quantize_triton(weight: torch.Tensor) -> NVFP4Weight:
-    """``[N, K]`` or ``[E, N, K]`` (one global scale per expert) on a CUDA device."""
+def quantize_triton(weight: torch.Tensor, amax: torch.Tensor | None = None) -> NVFP4Weight:
+    """``[N, K]`` or ``[E, N, K]`` (one global scale per expert) on a CUDA device; a given
+    ``amax`` (``nvfp4.quantize``) skips the amax launches."""
     _check_dense("weight", weight)
+    if amax is not None:
+        _check_amax(amax, weight)
     assert E2M1_MAX * E4M3_MAX == 2688.0
     w = weight.contiguous()
     batched = w.dim() == 3
@@ -195,15 +198,19 @@ def quantize_triton(weight: torch.Tensor) -> NVFP4Weight:
     packed = torch.empty(e, n, k // 2, dtype=torch.uint8, device=w.device)
     scales = torch.empty(e, n, k // BLOCK_SIZE, dtype=torch.uint8, device=w.device)
     global_scale = torch.empty(e, dtype=torch.float32, device=w.device)
-    amax = torch.zeros(e, dtype=torch.float32, device=w.device)
+    given = amax is not None
+    amax = (
+        amax.reshape(e).to(w.device, torch.float32) if given else torch.zeros(e, dtype=torch.float32, device=w.device)
+    )
     per_expert = n * k * w.element_size()
     chunk = max(1, L2_CHUNK_BYTES // per_expert)
     block_rows, block_groups = 16, 16
     for start in range(0, e, chunk):
         stop = min(e, start + chunk)
-        amax_kernel[(cdiv(n * k, AMAX_BLOCK), stop - start)](
-            w3[start:stop], amax[start:stop], n * k, BLOCK=AMAX_BLOCK, num_warps=8
-        )
+        if not given:
+            amax_kernel[(cdiv(n * k, AMAX_BLOCK), stop - start)](
+                w3[start:stop], amax[start:stop], n * k, BLOCK=AMAX_BLOCK, num_warps=8
+            )
         quantize_kernel[(cdiv(n, block_rows), cdiv(k // 16, block_groups), stop - start)](
             w3[start:stop],
             amax[start:stop],

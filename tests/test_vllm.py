@@ -117,13 +117,19 @@ def qwen3_next_dir(tmp_path_factory):
     return path
 
 
-def test_a_hybrid_model_s_banks_beside_shared_experts_serve_and_the_log_says_what_was_refused(qwen3_next_dir, tmp_path):
+@pytest.fixture(scope="module")
+def seated_qwen3_next(qwen3_next_dir, tmp_path_factory):
+    done, result = run_engine(qwen3_next_dir, tmp_path_factory.mktemp("seated-qwen3-next"), SEATED)
+    assert result, done.stderr[-3000:]
+    return done, result
+
+
+def test_a_hybrid_model_s_banks_beside_shared_experts_serve_and_the_log_says_what_was_refused(seated_qwen3_next):
     """Every kind seated and called on Qwen3-Next, nothing falling back. Its banks come with
     shared experts: until 2026-12-04 a bank so seated served no call, vLLM's bank serving them
     all. The seat table, refusals with their reasons, is in the engine's log in vLLM's format
     (before, at INFO, it was dropped)."""
-    done, result = run_engine(qwen3_next_dir, tmp_path, SEATED)
-    assert result, done.stderr[-3000:]
+    done, result = seated_qwen3_next
     after = result["samples"]["12"]["after"]
     assert value_of(after, "flashrt_seats", kind="experts", state="seated") == 4
     assert value_of(after, "flashrt_seats", kind="head", state="seated") == 1
@@ -139,6 +145,24 @@ def test_a_hybrid_model_s_banks_beside_shared_experts_serve_and_the_log_says_wha
     logs = done.stdout + done.stderr
     assert "[seats.py" in logs and "flashrt: attach took" in logs, "the table through vLLM's handler"
     assert logs.count("refused model.layers.") == refused  # vLLM's CPU backend holds each convolution in a Linear
+
+
+def test_tensor_parallel_ranks_quantize_on_the_whole_weights_scales_and_give_one_rank_s_tokens(
+    qwen3_next_dir, seated_qwen3_next, tmp_path
+):
+    """Every kind sharded over 2 ranks (dense, head, banks beside shared experts). Until
+    2026-12-05 each rank quantized its shard on its own global scale, and this model gave the
+    one-rank engine's first 8 of 12 tokens; unseated, the two agree on all 12."""
+    tp2 = {"TEST_TP": "2", "VLLM_CPU_OMP_THREADS_BIND": "0|1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+    done, two = run_engine(qwen3_next_dir, tmp_path, SEATED | tp2, lengths=(12,))
+    assert two, done.stderr[-3000:]
+    after, one = two["samples"]["12"]["after"], seated_qwen3_next[1]["samples"]["12"]["after"]
+    for kind in ("dense", "experts", "head"):
+        assert value_of(after, "flashrt_seats", kind=kind, state="seated") == 2 * value_of(
+            one, "flashrt_seats", kind=kind, state="seated"
+        ), kind
+    assert two["tokens"]["12"] == seated_qwen3_next[1]["tokens"]["12"]
+    assert "quantized on their whole weights' scales across the tensor-parallel ranks" in done.stdout + done.stderr
 
 
 def test_the_bundle_on_pythonpath_is_what_the_engine_runs(llama_dir, tmp_path):

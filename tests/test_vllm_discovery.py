@@ -191,3 +191,40 @@ def test_a_bank_beside_shared_experts_serves_the_routed_ones_and_runs_the_shared
     assert torch.equal(out, BankMethod().apply(bank, x, weights, ids)) and seat.calls == 1 and len(orders) == 2
     handle.detach()
     assert isinstance(bank.quant_method, BankMethod)
+
+
+def _amax_of(spec):
+    weights = (spec.module.w13_weight, spec.module.w2_weight) if spec.kind == "experts" else (spec.module.weight,)
+    return [w.float().abs().amax(dim=(-2, -1)) for w in weights]
+
+
+def test_tensor_parallel_ranks_share_each_weight_s_amax_and_ranks_that_disagree_keep_their_own():
+    """``share_amax`` on two ranks' shards, the other rank's tensors replayed in the order it
+    reduced them: every seat gets the elementwise maximum of both (per expert for a bank); a
+    rank whose seat list differs reduces nothing more and keeps its own scales."""
+    from flashrt.runtime.vllm_seats import share_amax
+
+    def shards(seed):
+        model = _model(Runner(), tied=False)
+        gen = torch.Generator().manual_seed(seed)
+        for p in model.parameters():
+            p.data = (torch.randn(p.shape, generator=gen) * (1 + seed)).to(p.dtype)
+        return discover_vllm(model, SeatProfile(min_params=0))
+
+    theirs, sent = shards(1), []
+    assert share_amax(theirs, lambda t: sent.append(t.clone()))
+    local = shards(0)
+    expected = {
+        s.name: [torch.maximum(a, b) for a, b in zip(_amax_of(s), _amax_of(t), strict=True)]
+        for s, t in zip(local, theirs, strict=True)
+    }
+    replay = iter(sent)
+    ours = share_amax(local, lambda t: torch.maximum(t, next(replay), out=t))
+    for spec in ours:
+        for got, want in zip(spec.amax, expected[spec.name], strict=True):
+            assert torch.equal(got, want), spec.name
+    below = [s.name for s in ours for a, b in zip(s.amax, _amax_of(s), strict=True) if not torch.equal(a, b)]
+    assert below, "no shard was below the whole: the test would not see a missing reduction"
+
+    replay = iter(sent)
+    assert share_amax(local[1:], lambda t: torch.maximum(t, next(replay), out=t)) is None
