@@ -7,6 +7,7 @@ candidate configs; ``tuning`` picks among them by measurement on the device.
 
 from flashrt.kernels.nvfp4 import (
     NVFP4Weight,
+    absolute_max,
     dequantize,
     from_compressed_tensors,
     from_modelopt,
@@ -19,6 +20,7 @@ from flashrt.kernels.ops import linear, linear_reference, moe, moe_reference
 
 __all__ = [
     "NVFP4Weight",
+    "absolute_max",
     "dequantize",
     "from_compressed_tensors",
     "from_modelopt",

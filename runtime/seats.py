@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
-from flashrt.kernels import NVFP4Weight, linear, linear_reference, moe, moe_reference, ops, quantize
+from flashrt.kernels import NVFP4Weight, absolute_max, linear, linear_reference, moe, moe_reference, ops, quantize
 from flashrt.kernels.tuning import TUNER
 from flashrt.runtime.metrics import metrics
 from flashrt.runtime.profile import SeatProfile
@@ -306,7 +306,7 @@ class ProjectionSeat(Seat):
         rows = self.profile.head_slab_rows if self.kind == "head" else weight.shape[0]
         amax = self.spec.amax[0] if self.spec.amax else None
         if amax is None and rows < weight.shape[0]:
-            amax = weight.abs().amax().float()
+            amax = absolute_max(weight)
         return [ops.for_serving(quantize(weight[i : i + rows], amax)) for i in range(0, weight.shape[0], rows)]
 
     @staticmethod

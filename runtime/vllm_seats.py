@@ -25,7 +25,7 @@ import zlib
 from dataclasses import dataclass, replace
 
 import torch
-from flashrt.kernels import moe, ops, quantize
+from flashrt.kernels import absolute_max, moe, ops, quantize
 from flashrt.runtime.profile import SeatProfile
 from flashrt.runtime.seats import (
     CALIBRATION_ROWS,
@@ -279,15 +279,14 @@ def _local_amax(spec: SeatSpec) -> tuple[torch.Tensor, ...]:
     weight no seat will quantize (bind refuses it), so the ranks still line up."""
     module = spec.module
     if spec.kind == "experts":
-        parts = [getattr(module, f"{_STASH}_{n}", getattr(module, n)) for n in ("w13_weight", "w2_weight")]
-        return tuple(
-            w.detach().abs().amax(dim=(1, 2)).float() if w.dtype in (torch.bfloat16, torch.float16)
-            else torch.zeros(w.shape[0], device=w.device)
-            for w in parts
-        )  # fmt: skip
-    w = _weight(module)
-    ok = w is not None and w.dtype in (torch.bfloat16, torch.float16)
-    return (w.detach().abs().amax().float() if ok else torch.zeros(()),)
+        weights = [getattr(module, f"{_STASH}_{n}", getattr(module, n)) for n in ("w13_weight", "w2_weight")]
+    else:
+        weights = [_weight(module)]
+    return tuple(
+        absolute_max(w.detach()) if w is not None and w.dtype in (torch.bfloat16, torch.float16)
+        else torch.zeros(w.shape[:-2] if w is not None else ())
+        for w in weights
+    )  # fmt: skip
 
 
 def share_amax(specs: list[SeatSpec], all_reduce_max) -> list[SeatSpec] | None:
