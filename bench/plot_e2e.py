@@ -14,6 +14,10 @@ from pathlib import Path
 from flashrt.bench import merge
 
 DEFAULT_RESULTS = [  # every arm with vLLM's merged projections, torch.compile's PDL from 0d80628 on
+    # 517058f: Qwen3.5's decode step on flash-linear-attention's fused recurrent and convolution
+    # kernels (bench/gated_delta.py; transformers' torch loop before) and its input projections
+    # merged as vLLM's in_proj_qkvz and in_proj_ba, both arms
+    merge.RESULTS / "h200-e2e-qwen35-517058f-l8-b1b8.json",  # 1 profiled
     # a040892: 39f02c7's kernels and benchmark again. Llama's 32 in three processes (alone, alone
     # with 7fc3be7's o projection choice, after 4 and 16: 9057-9104 seated tok/s) against
     # 39f02c7's 8492, which none reproduced; Qwen3.5 with the compiled greedy selection and PDL arms
