@@ -18,6 +18,9 @@ DEFAULT_RESULTS = [  # every arm with vLLM's merged projections, torch.compile's
     # kernels (bench/gated_delta.py; transformers' torch loop before) and its input projections
     # merged as vLLM's in_proj_qkvz and in_proj_ba, both arms
     merge.RESULTS / "h200-e2e-qwen35-517058f-l8-b1b8.json",  # 1 profiled
+    merge.RESULTS / "h200-e2e-qwen35-7c5f6d1-l8-b4.json",  # 7c5f6d1: 517058f's code (docs and results apart)
+    merge.RESULTS / "h200-e2e-qwen35-7c5f6d1-l8-b16.json",
+    merge.RESULTS / "h200-e2e-qwen35-7c5f6d1-l8-b32.json",
     # a040892: 39f02c7's kernels and benchmark again. Llama's 32 in three processes (alone, alone
     # with 7fc3be7's o projection choice, after 4 and 16: 9057-9104 seated tok/s) against
     # 39f02c7's 8492, which none reproduced; Qwen3.5 with the compiled greedy selection and PDL arms
