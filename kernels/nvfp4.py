@@ -178,7 +178,7 @@ def quantize_reference(weight: torch.Tensor, amax: torch.Tensor | None = None) -
     *batch, n, k = weight.shape
     w = weight.float()
     if amax is None:
-        amax = w.abs().amax(dim=(-2, -1))
+        amax = absolute_max(w)
     _check_amax(amax, weight)
     global_scale = global_scale_of(amax.to(w.device))
     g = global_scale.reshape(*batch, 1, 1, 1)

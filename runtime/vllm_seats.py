@@ -59,6 +59,12 @@ def _expert_bank(module: torch.nn.Module) -> bool:
     return isinstance(w13, torch.Tensor) and isinstance(w2, torch.Tensor) and w13.dim() == 3 and w2.dim() == 3
 
 
+def _bank_weights(layer: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w13_weight`` and ``w2_weight``, or the copies the plugin kept where vLLM's CPU backend
+    repacked them."""
+    return tuple(getattr(layer, f"{_STASH}_{name}", getattr(layer, name)) for name in ("w13_weight", "w2_weight"))
+
+
 def _output_rows(module: torch.nn.Module) -> int | None:
     w = _weight(module) if getattr(module, "quant_method", None) is not None else None
     return None if w is None else w.shape[0]
@@ -233,8 +239,7 @@ class MoESeat(QuantMethodSeat):
         shared_order = _kernel_shared_experts_order()
         if shared_order is None and "shared_experts" in inspect.signature(host.apply).parameters:
             raise Refused("this vLLM hands shared experts to the bank's kernel in a way flashrt does not know")
-        w13 = getattr(layer, f"{_STASH}_w13_weight", layer.w13_weight)
-        w2 = getattr(layer, f"{_STASH}_w2_weight", layer.w2_weight)
+        w13, w2 = _bank_weights(layer)
         if w13.dtype not in (torch.bfloat16, torch.float16):
             raise Refused(f"expert weight dtype {w13.dtype}: only unquantized bf16/fp16 banks are seated")
         self.profile = _with_band(self.profile, w13.device)
@@ -277,11 +282,7 @@ class MoESeat(QuantMethodSeat):
 def _local_amax(spec: SeatSpec) -> tuple[torch.Tensor, ...]:
     """This rank's absolute maxima of the seat's weight (per expert for a bank); zeros for a
     weight no seat will quantize (bind refuses it), so the ranks still line up."""
-    module = spec.module
-    if spec.kind == "experts":
-        weights = [getattr(module, f"{_STASH}_{n}", getattr(module, n)) for n in ("w13_weight", "w2_weight")]
-    else:
-        weights = [_weight(module)]
+    weights = _bank_weights(spec.module) if spec.kind == "experts" else [_weight(spec.module)]
     return tuple(
         absolute_max(w.detach()) if w is not None and w.dtype in (torch.bfloat16, torch.float16)
         else torch.zeros(w.shape[:-2] if w is not None else ())
@@ -312,14 +313,11 @@ def share_amax(specs: list[SeatSpec], all_reduce_max) -> list[SeatSpec] | None:
     if check[0] != -check[2] or check[1] != -check[3]:
         return None
     all_reduce_max(flat)
-    shared, offset = [], 0
-    for spec, parts in zip(specs, local, strict=True):
-        whole = []
-        for t in parts:
-            whole.append(flat[offset : offset + t.numel()].reshape(t.shape).float())
-            offset += t.numel()
-        shared.append(replace(spec, amax=tuple(whole)))
-    return shared
+    pieces = iter(flat.float().split([t.numel() for parts in local for t in parts]))
+    return [
+        replace(spec, amax=tuple(next(pieces).reshape(t.shape) for t in parts))
+        for spec, parts in zip(specs, local, strict=True)
+    ]
 
 
 def _tensor_parallel_max():
