@@ -198,7 +198,7 @@ def test_split_decode_attention_launched_with_pdl_reads_what_the_kernel_before_w
 
     def step():
         query.fill_(float("nan"))
-        late_writer[(1,)](source, query, 50_000, BLOCK=source.numel())
+        late_writer[(1,)](source, query, 50_000, source.numel(), BLOCK=1 << (source.numel() - 1).bit_length())
         out.copy_(decode_attention.decode_attention(query, key, value, visible, dim**-0.5))
 
     same_bits_eager_and_replayed(step, out, expected)

@@ -746,7 +746,7 @@ def test_decode_form_launched_with_pdl_reads_what_the_kernel_before_wrote(
 
     def step():
         x.fill_(float("nan"))
-        late_writer[(1,)](source, x, 50_000, BLOCK=k)
+        late_writer[(1,)](source, x, 50_000, k, BLOCK=1 << (k - 1).bit_length())
         linear_mma_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, config, False)
 
     same_bits_eager_and_replayed(step, out, expected)
