@@ -1,6 +1,6 @@
 """``python -m flashrt.bench plot-e2e [RESULT ...] [PNG]``: the e2e runs merged into one result and
-drawn, decode speedup against batch, one line a model (default ``DEFAULT_RESULTS`` to
-``bench/results/h200-e2e.json`` and ``docs/img/decode-speedup.png``). A model and batch measured
+drawn, decode speedup against batch, one line a model and depth (default ``DEFAULT_RESULTS`` to
+``bench/results/h200-e2e.json`` and ``docs/img/decode-speedup.png``). A model, depth and batch measured
 in several runs is taken from the first that has it, with that run's commit, date and file; the
 merged result keeps the provenance all runs share (device, versions) and lists their commits.
 Runs of another device or other versions are not merged: their ratios are not comparable."""
@@ -14,6 +14,13 @@ from pathlib import Path
 from flashrt.bench import merge
 
 DEFAULT_RESULTS = [  # every arm with vLLM's merged projections, torch.compile's PDL from 0d80628 on
+    # c8396f9: every model on session 47's decode-attention tiles (64-key steps from 32 pairs,
+    # e2066cb; no merge at one split, f77dad6) and session 49's step; Qwen3.5 at full depth, one
+    # batch a run (2ec40d9: c8396f9's code, a test's fix apart)
+    merge.RESULTS / "h200-e2e-llama-c8396f9-b1b8.json",  # 8 profiled
+    merge.RESULTS / "h200-e2e-qwen3-c8396f9-b1b4b8.json",  # 1 profiled
+    merge.RESULTS / "h200-e2e-qwen35-c8396f9-full-b1.json",  # 40 layers, profiled
+    merge.RESULTS / "h200-e2e-qwen35-2ec40d9-full-b8.json",  # 40 layers
     # 517058f: Qwen3.5's decode step on flash-linear-attention's fused recurrent and convolution
     # kernels (bench/gated_delta.py; transformers' torch loop before) and its input projections
     # merged as vLLM's in_proj_qkvz and in_proj_ba, both arms
@@ -98,21 +105,22 @@ def model_figures(run: dict, row: dict) -> dict:
     }
 
 
-def key(row: dict) -> tuple[str, int]:
-    """One measurement of the table: a model at a batch."""
-    return row["model"], row["batch"]
+def key(row: dict) -> tuple[str, int, int]:
+    """One measurement of the table: a model at a depth and a batch (Qwen3.5 is measured at 8 of
+    its 40 layers at every batch, and at full depth at the batches one call holds)."""
+    return row["model"], row["layers"], row["batch"]
 
 
 def merged_result(paths: list[Path]) -> dict:
-    """The runs at ``paths`` as one result (``merge.merged_result``): a (model, batch) from the
-    first run that has it, with its run's ``model_figures``."""
+    """The runs at ``paths`` as one result (``merge.merged_result``): a (model, layers, batch) from
+    the first run that has it, with its run's ``model_figures``."""
     return merge.merged_result(paths, SHARED, key, TAGS, model_figures)
 
 
 def series(rows: list[dict]) -> dict[str, tuple[list[int], list[float]]]:
-    """Per model, (batches, ours/bf16 decode tokens/s) in batch order."""
+    """Per model and depth, (batches, ours/bf16 decode tokens/s) in batch order."""
     out: dict[str, tuple[list[int], list[float]]] = {}
-    for row in sorted(rows, key=lambda r: (r["model"], r["batch"])):
+    for row in sorted(rows, key=key):
         batches, speedups = out.setdefault(f"{row['model']} ({row['layers']} layers)", ([], []))
         batches.append(row["batch"])
         speedups.append(row["ours_tok_s"] / row["bf16_tok_s"])

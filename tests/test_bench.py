@@ -525,8 +525,8 @@ def test_merged_projections_compute_what_the_separate_ones_compute(kind, groups,
 
 def test_the_committed_e2e_result_is_the_listed_runs_merged_and_the_figure_draws_it(tmp_path):
     """``bench/results/h200-e2e.json`` is exactly ``DEFAULT_RESULTS`` merged (a run added to the
-    list and not merged, or a hand edit, fails here); each (model, batch) once, from the first run
-    that has it, with that run's commit, file, attach time and ``generate()`` figures; runs of
+    list and not merged, or a hand edit, fails here); each (model, layers, batch) once, from the
+    first run that has it, with that run's commit, file, attach time and ``generate()`` figures; runs of
     other versions are refused."""
     import json
 
@@ -536,15 +536,12 @@ def test_the_committed_e2e_result_is_the_listed_runs_merged_and_the_figure_draws
     assert json.loads(plot_e2e.DEFAULT_MERGED.read_text()) == json.loads(json.dumps(merged))
     results = {path.name: json.loads(path.read_text()) for path in plot_e2e.DEFAULT_RESULTS}
     rows = merged["rows"]
-    everywhere = {(r["model"], r["batch"]) for result in results.values() for r in result["rows"]}
-    assert len({(r["model"], r["batch"]) for r in rows}) == len(rows) == len(everywhere)
+    key = plot_e2e.key
+    everywhere = {key(r) for result in results.values() for r in result["rows"]}
+    assert len({key(r) for r in rows}) == len(rows) == len(everywhere)
     for row in rows:  # each from the first run that has it, as that run measured it
-        first = next(
-            name
-            for name, res in results.items()
-            if any((r["model"], r["batch"]) == (row["model"], row["batch"]) for r in res["rows"])
-        )
-        own = next(r for r in results[first]["rows"] if (r["model"], r["batch"]) == (row["model"], row["batch"]))
+        first = next(name for name, res in results.items() if any(key(r) == key(row) for r in res["rows"]))
+        own = next(r for r in results[first]["rows"] if key(r) == key(row))
         assert row["source"] == first and row["commit"] == results[first]["commit"] and row == own | row
         model = next(m for m in results[first]["models"] if m["model"].startswith(row["model"] + "-shaped"))
         assert row["attach_seconds"] == model["attach_seconds"] > 0, "the attach of the run the row is from"
@@ -565,11 +562,12 @@ def test_the_committed_e2e_result_is_the_listed_runs_merged_and_the_figure_draws
 
     png = tmp_path / "speedup.png"
     lines = plot_e2e.plot(merged, png)
-    assert sum(len(b) for b, _ in lines.values()) == len(rows) > 0 and len(lines) == 3
+    assert sum(len(b) for b, _ in lines.values()) == len(rows) > 0
+    assert len(lines) == len({(r["model"], r["layers"]) for r in rows}) == 4  # Qwen3.5 at 8 layers and at 40
     for label, (batches, speedups) in lines.items():
         assert batches == sorted(batches)
         for b, s in zip(batches, speedups, strict=True):
-            row = next(r for r in rows if label.startswith(r["model"] + " ") and r["batch"] == b)
+            row = next(r for r in rows if label == f"{r['model']} ({r['layers']} layers)" and r["batch"] == b)
             assert s == pytest.approx(row["ours_tok_s"] / row["bf16_tok_s"])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -589,17 +587,19 @@ def test_the_readme_s_decode_table_is_the_committed_e2e_result():
     lines = readme[readme.index(header) :].splitlines()[2:]
     table = [[c.strip() for c in line.strip("|").split("|")] for line in lines[: lines.index("")]]
     models = {"Llama-3-8B": "llama3-8b", "Qwen3-30B-A3B": "qwen3-30b-a3b", "Qwen3.5-35B-A3B": "qwen3.5-35b-a3b"}
-    rows = {(r["model"], r["batch"]): r for r in json.loads(plot_e2e.DEFAULT_MERGED.read_text())["rows"]}
-    seen, model = set(), None
+    rows = {plot_e2e.key(r): r for r in json.loads(plot_e2e.DEFAULT_MERGED.read_text())["rows"]}
+    seen, model, layers = set(), None, None
     for name, batch, bf16, ours, decode, prefill, commit in table:
-        model = next(key for label, key in models.items() if name.startswith(label)) if name else model
-        row = rows[model, int(batch)]
+        if name:  # "<model>-shaped, 32 layers" or "<model>-shaped, 8 of 40 layers"
+            model = next(key for label, key in models.items() if name.startswith(label))
+            layers = int(name.split(", ")[1].split()[0])
+        row = rows[model, layers, int(batch)]
         assert (bf16, ours) == (f"{row['bf16_tok_s']:.1f}", f"{row['ours_tok_s']:.1f}"), (model, batch)
         assert (
             decode == f"**{row['ours_tok_s'] / row['bf16_tok_s']:.2f}x**" and prefill == f"{row['prefill_ratio']:.2f}x"
         )
         assert commit == row["commit"][:7], (model, batch)
-        seen.add((model, int(batch)))
+        seen.add((model, layers, int(batch)))
     assert seen == set(rows)
 
 
