@@ -2,7 +2,10 @@
 # One call on a GPU machine with torch and Triton but no flashrt installed: the GPU test suite,
 # then one benchmark. Usage: bench/gpu_run.sh OUTDIR [kernels|e2e|prefill|seats|host] [bench args...]
 # (default: kernels); SKIP_GPU_TESTS=1 skips the tests (a second benchmark in the same call; not FLASHRT_: the
-# runtime rejects FLASHRT_ variables it does not know).
+# runtime rejects FLASHRT_ variables it does not know). GPU_TESTS_K picks tests as pytest's -k: the
+# whole GPU suite took 525 s at a49877c, most of a ten-minute call.
+# Wheels under .whl/ (what the machine lacks, e.g. flash-linear-attention for Qwen3.5) are put on
+# PYTHONPATH first.
 # Set FLASHRT_COMMIT to the commit sent: a copied tree's git may name another.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -13,7 +16,12 @@ site=$(mktemp -d)
 mkdir -p "$site/flashrt"
 cp "$root"/src/*.py "$site/flashrt/"
 for part in kernels runtime operator bench; do ln -s "$root/$part" "$site/flashrt/$part"; done
-export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+wheels=
+if compgen -G "$root/.whl/*.whl" >/dev/null; then
+  wheels="$site/wheels"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$wheels" "$root"/.whl/*.whl
+fi
+export PYTHONPATH="$site${wheels:+:$wheels}${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 # Kernel choices: bench/tuning/ holds the H200's, committed from earlier calls, so a fresh machine
 # does not spend minutes of its lease re-timing every shape (a cold Qwen3-30B batch-1 run took
 # 443 s, 58 s of it attach). The cache is written under OUTDIR, to be committed back.
@@ -26,5 +34,7 @@ print(sum(len(json.load(open(p))) for p in glob.glob(sys.argv[1] + "/tuning-*.js
 export TUNING_SHAPES_AT_START
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/nvidia-smi.txt"
 # The test files whose tests take the GPU where there is one (the ``device`` fixture, ``ON_GPU``).
-[ "${SKIP_GPU_TESTS:-0}" = 1 ] || (cd "$root" && python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_bench.py 2>&1 | tail -40) | tee "$out/gpu-tests.log"
+# The log is written as the tests run: a call cut at its limit still brings back what ran.
+[ "${SKIP_GPU_TESTS:-0}" = 1 ] || (cd "$root" && python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_bench.py \
+  ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} 2>&1) | tee "$out/gpu-tests.log"
 python3 -m flashrt.bench "$bench" --out "$out/$bench.json" "$@" 2>&1 | tee "$out/$bench.log"
