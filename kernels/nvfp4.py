@@ -179,7 +179,8 @@ def quantize_reference(weight: torch.Tensor, amax: torch.Tensor | None = None) -
     w = weight.float()
     if amax is None:
         amax = absolute_max(w)
-    _check_amax(amax, weight)
+    else:
+        _check_amax(amax, weight)
     global_scale = global_scale_of(amax.to(w.device))
     g = global_scale.reshape(*batch, 1, 1, 1)
     blocks = w.reshape(*batch, n, k // BLOCK_SIZE, BLOCK_SIZE)

@@ -308,6 +308,7 @@ def share_amax(specs: list[SeatSpec], all_reduce_max) -> list[SeatSpec] | None:
     local = [_local_amax(spec) for spec in specs]
     flat = torch.cat([t.reshape(-1).double().cpu() for parts in local for t in parts] or [torch.zeros(0).double()])
     names = float(zlib.crc32("\n".join(f"{s.kind} {s.name}" for s in specs).encode()))
+    # The max of the negated values is the negated min: the ranks agree where max == min.
     check = torch.tensor([flat.numel(), names, -flat.numel(), -names], dtype=torch.float64)
     all_reduce_max(check)
     if check[0] != -check[2] or check[1] != -check[3]:
