@@ -190,6 +190,24 @@ print("assembled", len(chosen))
     assert "assembled 2" in _run_with("h200", code)
 
 
+def test_the_served_one_token_ring_step_issues_what_the_benchmarks_say():
+    """``bench/sass_loop.py`` on the ring form as the H200 serves Llama's gate_up at one token,
+    built with the H200's Triton: one step a thread is the 337 instructions docs/benchmarks.md
+    and ``bench/probe_decode_cost.py`` reason from, 16 MMAs (one a packed word), 72 ``HMUL2``
+    (the block scale on each of a word's four pairs, and the scales' own decode), 7 ``cp.async``
+    copies and 2 CTA barriers. A kernel edit that moves these moves the figures those files
+    quote: count again with the tool and say so there."""
+    code = """
+from flashrt.bench import sass_loop
+from flashrt.kernels import build
+b = sass_loop.served_ring_build(1, 28672, 4096)
+body = sass_loop.main_loop(sass_loop.sass(build.compile_for(b, 90).asm["cubin"]))
+c = sass_loop.mix(body)
+print("step", len(body), c["HMMA"], c["HMUL2"], c["LDGSTS"], c["BAR"])
+"""
+    assert "step 337 16 72 7 2" in _run_with("h200", code)
+
+
 @pytest.mark.parametrize("triton_path", ["suite", "h200"])
 def test_the_gated_delta_ops_kernels_build_for_sm_90(triton_path):
     """flash-linear-attention's two decode kernels, as ``bench/gated_delta.py``'s ops launch them
