@@ -208,6 +208,24 @@ print("step", len(body), c["HMMA"], c["HMUL2"], c["LDGSTS"], c["BAR"])
     assert "step 337 16 72 7 2" in _run_with("h200", code)
 
 
+def test_the_tma_ring_probe_meets_a_barrier_at_every_mbarrier_operation():
+    """``bench/probe_tma_ring.py`` in gate_up's served one-token config, built for sm_90 with the
+    H200's Triton: its step issues three TMA copies and no ``cp.async``, and pays 10 CTA
+    barriers for it (384 instructions against the ring's 337 with 2), the reason it was not sent
+    to a GPU. When a Triton leaves those barriers out this fails: time the probe then."""
+    code = """
+from flashrt.bench import probe_tma_ring, sass_loop
+from flashrt.bench.probe_warps import tuned
+from flashrt.kernels import build
+form, config = tuned(1, 28672, 4096)
+b = probe_tma_ring.sm90_build(1, 28672, 4096, config)
+body = sass_loop.main_loop(sass_loop.sass(build.compile_for(b, 90).asm["cubin"]))
+c = sass_loop.mix(body)
+print("step", len(body), c["BAR"], c["UTMALDG"], c["LDGSTS"], c["HMMA"])
+"""
+    assert "step 384 10 3 0 16" in _run_with("h200", code)
+
+
 @pytest.mark.parametrize("triton_path", ["suite", "h200"])
 def test_the_gated_delta_ops_kernels_build_for_sm_90(triton_path):
     """flash-linear-attention's two decode kernels, as ``bench/gated_delta.py``'s ops launch them

@@ -1,0 +1,282 @@
+"""Does the decode ring gain from TMA copies under mbarriers instead of every thread's ``cp.async``?
+
+``bench/probe_decode_cost.py`` (H200, 4140803): the ring form without its decode still takes
+Llama's gate_up at one token 20% longer than a kernel that only reads the same bytes (19.73 us
+against 16.48), and ``bench/probe_direct_words.py`` (2463e7c) found that reading the words
+straight into registers loses 2-3x. What is left of the ring's own cost is how its slots are
+filled: each step every thread computes the addresses of its 16-byte copies (64-bit adds), issues
+them (``LDGSTS``: 7 a step a thread at one token), counts them (``commit_group``/``wait_group``)
+and meets the others at a CTA barrier. In the sm_90 SASS of gate_up's one-token config those are
+about 30 of the loop's 337 instructions a step a thread.
+
+Here one thread a program fills a slot with three TMA copies (the step's weight words, its scale
+words and its activations, each one box) and the slot's mbarrier counts their bytes: the loop
+waits on the mbarrier, meets at the barrier that lets the slot before be refilled (as the ring
+does), and issues nothing else. The boxes land in the shared layouts the ring's loads already
+read: 128-byte swizzling XORs a row's 16-byte chunk with the row, as ``words_shared_layout`` and
+the activations' swizzle do. The tiling, chunks, splits, decode and MMA are the ring form's
+(``linear_mma_gluon``), so the same config runs both ways on the same bytes.
+
+For each Llama shape and the LM head at 1 and 16 tokens that the H200 serves with the ring form,
+its tuned config (``bench/tuning``) as served and through TMA, each checked against the
+reference first, then timed as the adjudicator times (``ops._time_us``), with the read-only floor
+of ``probe_rows`` at one token. Nothing here is offered to the adjudicator: a win is what would
+make the TMA slots a ring option.
+
+``python3 bench/probe_tma_ring.py OUT.json`` with flashrt importable (``bench/gpu_run.sh``).
+A kernel that waits on an mbarrier that never completes hangs the GPU: run it under ``timeout``.
+
+Not run on a GPU: its sm_90 SASS says it would lose (counted with ``bench/sass_loop.py``,
+the H200's Triton 3.6, gate_up's one-token config): 384 instructions a step with 10 CTA barriers,
+against the ring's 337 with 2. The copies' issue is gone (no ``LDGSTS``, three ``UTMALDG``), but
+Triton's shared-memory analysis puts a CTA barrier before every operation on an mbarrier's
+allocation (an expect, a TMA copy that signals it, a wait), each a write to it as the analysis
+sees them. With one mbarrier a slot for all three copies, a first cut, it was 372 instructions
+with 5 barriers. ``test_the_tma_ring_probe_meets_a_barrier_at_every_mbarrier_operation`` keeps
+those figures; when a Triton leaves the barriers out it fails, and the probe is worth its call.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+
+import torch
+from flashrt.kernels.decode import cdiv
+from flashrt.kernels.linear_mma import reduce_splits, split_target
+from flashrt.kernels.linear_mma_gluon import (
+    WORDS_PER_THREAD,
+    V,
+    _barrier,
+    _store_product,
+    _times_activations,
+    _weights_fragment,
+    acts_load_layout,
+    mma_tokens,
+    require_bf16,
+    words_layout,
+)
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
+# A row's step of weight words (32 words, 128 bytes) and a token's step of activations in four
+# 64-wide quarters (128 bytes each): 128-byte swizzling puts chunk c of row r at c ^ (r % 8), the
+# ring's own shared layouts. The scale words (16 bytes a row a step) go unswizzled, as the ring's.
+WORDS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=3)
+SCALES_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
+ACTS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
+
+
+@gluon.jit
+def _fill(
+    step, slot, steps, words_desc, scales_desc, x_desc, words_ring, scales_ring, x_ring, ready, row0, tok0, first,
+    STAGES: gl.constexpr,
+):  # fmt: skip
+    """Ring step ``step`` (of ``steps`` from ``first``) into slot ``slot``: one TMA copy each of
+    its weight words, scale words and activations, each counted in bytes by its own mbarrier
+    (``ready [3 STAGES]``, a slot's three ``STAGES`` apart). Nothing past the last step."""
+    if step < steps:
+        at = first + step
+        bar_words, bar_scales, bar_x = ready.index(slot), ready.index(STAGES + slot), ready.index(2 * STAGES + slot)
+        mbarrier.expect(bar_words, words_desc.block_type.nbytes)
+        _tma_load(words_desc, [row0, 0, 4 * V * at], bar_words, words_ring.index(slot))
+        mbarrier.expect(bar_scales, scales_desc.block_type.nbytes)
+        _tma_load(scales_desc, [row0, 0, (V // 2) * at], bar_scales, scales_ring.index(slot))
+        mbarrier.expect(bar_x, x_desc.block_type.nbytes)
+        _tma_load(x_desc, [tok0, 0, 4 * at, 0], bar_x, x_ring.index(slot))
+
+
+@gluon.jit
+def tma_ring_kernel(
+    words_desc,
+    scales_desc,
+    x_desc,
+    global_scale_ptr,
+    bias_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    stride_om,
+    HAS_BIAS: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    ROW_TILES: gl.constexpr,
+    WARPS: gl.constexpr,
+    STAGES: gl.constexpr,
+    SPLIT_K: gl.constexpr,
+    CHUNKS: gl.constexpr,
+    LAYOUT: gl.constexpr,
+):
+    """``nvfp4_linear_mma_gluon_kernel``'s tiling, chunks and splits, its ring filled by TMA.
+    The descriptors view the rows in chunks (``[N, CHUNKS, K / CHUNKS]`` and the like, one chunk
+    without ``CHUNKS``), so a box's rows are the ring's program rows ``CHUNKS n + c`` and its
+    activation rows ``4 (CHUNKS t + c) + q`` in the ring form's order."""
+    BLOCK_N: gl.constexpr = 16 * ROW_TILES * WARPS
+    BLOCK_K: gl.constexpr = 32 * V
+    SCALES: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, words_layout(ROW_TILES, WARPS)))
+    MMA_M: gl.constexpr = mma_tokens(BLOCK_M)
+    ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
+
+    pid_n, pid_m, pid_k = gl.program_id(0), gl.program_id(1), gl.program_id(2)
+    chunk_steps = K // CHUNKS // BLOCK_K
+    per_split = gl.cdiv(chunk_steps, SPLIT_K)
+    first = pid_k * per_split
+    steps = gl.maximum(gl.minimum(per_split, chunk_steps - first), 0)
+    row0 = pid_n * (BLOCK_N // CHUNKS)
+    tok0 = pid_m * (BLOCK_M // CHUNKS)
+
+    words_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N // CHUNKS, CHUNKS, 4 * V], words_desc.layout)
+    scales_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N // CHUNKS, CHUNKS, 4], scales_desc.layout)
+    x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M // CHUNKS, CHUNKS, 4, 8 * V], x_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [3 * STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(3 * STAGES):
+        mbarrier.init(ready.index(s), count=1)
+    for s in gl.static_range(STAGES - 1):
+        _fill(
+            s, s, steps, words_desc, scales_desc, x_desc, words_ring, scales_ring, x_ring, ready, row0, tok0, first,
+            STAGES,
+        )  # fmt: skip
+
+    acc = gl.zeros([BLOCK_N, MMA_M], gl.float32, layout=ACC)
+    for i in range(steps):
+        slot = i % STAGES
+        phase = (i // STAGES) & 1
+        for b in gl.static_range(3):  # step i's words, scales and activations have landed
+            mbarrier.wait(ready.index(b * STAGES + slot), phase)
+        _barrier()  # everyone is done with step i - 1's slot, refilled next
+        fence_async_shared()  # those shared loads before the TMA copy that overwrites them
+        ahead = i + STAGES - 1
+        _fill(
+            ahead, ahead % STAGES, steps, words_desc, scales_desc, x_desc, words_ring, scales_ring, x_ring, ready,
+            row0, tok0, first, STAGES,
+        )  # fmt: skip
+        words = words_ring.index(slot).reshape([BLOCK_N, 4, V // 2, 2]).load(words_layout(ROW_TILES, WARPS))
+        scales = scales_ring.index(slot).reshape([BLOCK_N, 4]).load(SCALES)
+        x = x_ring.index(slot).reshape([4 * BLOCK_M, 8 * V]).load(acts_load_layout(BLOCK_M, WARPS))
+        acc = _times_activations(acc, _weights_fragment(words, scales, WARPS, LAYOUT), x, BLOCK_M, WARPS, LAYOUT)
+    for s in gl.static_range(3 * STAGES):
+        mbarrier.invalidate(ready.index(s))
+
+    _store_product(
+        acc, pid_n, pid_m, pid_k, out_ptr, bias_ptr, global_scale_ptr, M, N, stride_om, HAS_BIAS, BLOCK_M, SPLIT_K,
+        CHUNKS, WARPS,
+    )  # fmt: skip
+
+
+def descriptors(x: torch.Tensor, words: torch.Tensor, scale_words: torch.Tensor, config: dict) -> tuple:
+    """TMA descriptors of the weight words ``[N, K/8]`` int32, the scale words ``[N, K/64]`` and
+    the activations ``[M, K]``, each viewed with its rows in ``CHUNKS`` chunks of K (the
+    activations' chunks also in 64-wide quarters), boxed as one ring step of one program."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    chunks = config.get("CHUNKS", 1)
+    n, m, k = words.shape[0], x.shape[0], x.shape[1]
+    rows = 16 * config["ROW_TILES"] * config["WARPS"] // chunks
+    chunk_words, chunk_scales, chunk_k = k // 8 // chunks, k // 64 // chunks, k // chunks
+    words_desc = TensorDescriptor(
+        words, [n, chunks, chunk_words], [words.stride(0), chunk_words, 1], [rows, chunks, 4 * WORDS_PER_THREAD],
+        WORDS_LAYOUT,
+    )  # fmt: skip
+    scales_desc = TensorDescriptor(
+        scale_words, [n, chunks, chunk_scales], [scale_words.stride(0), chunk_scales, 1], [rows, chunks, 4],
+        SCALES_LAYOUT,
+    )  # fmt: skip
+    x_desc = TensorDescriptor(
+        x, [m, chunks, chunk_k // 64, 64], [x.stride(0), chunk_k, 64, 1], [config["BLOCK_M"] // chunks, chunks, 4, 64],
+        ACTS_LAYOUT,
+    )  # fmt: skip
+    return words_desc, scales_desc, x_desc
+
+
+def launch(x, packed, scales, global_scale, bias, out, config: dict) -> torch.Tensor:
+    """``linear_mma_gluon.launch``'s grid and arguments for ``tma_ring_kernel``: the same config
+    (a token tile a multiple of ``CHUNKS``, as the ring form's chunked configs are)."""
+    require_bf16("x", x)
+    m, k = x.shape
+    n = packed.shape[0]
+    chunks = config.get("CHUNKS", 1)
+    if config["BLOCK_M"] % chunks or k % (chunks * 32 * WORDS_PER_THREAD):
+        raise ValueError(
+            f"BLOCK_M={config['BLOCK_M']}, CHUNKS={chunks}, K={k}: a token tile of whole tokens' chunks and whole "
+            "steps a chunk"
+        )
+    x = x if x.is_contiguous() else x.contiguous()
+    words, scale_words = packed.view(torch.int32), scales.view(torch.uint8).view(torch.int32)
+    split = config.get("SPLIT_K", 1)
+    target = split_target(out, split)
+    block_n = 16 * config["ROW_TILES"] * config["WARPS"]
+    grid = (cdiv(chunks * n, block_n), cdiv(chunks * m, config["BLOCK_M"]), split)
+    tma_ring_kernel[grid](
+        *descriptors(x, words, scale_words, config), global_scale, bias if bias is not None else out, target, m, n,
+        k, out.stride(0), HAS_BIAS=bias is not None, BLOCK_M=config["BLOCK_M"], ROW_TILES=config["ROW_TILES"],
+        WARPS=config["WARPS"], STAGES=config["STAGES"], SPLIT_K=split, CHUNKS=chunks, LAYOUT=config.get("LAYOUT", 0),
+        num_warps=config["WARPS"],
+    )  # fmt: skip
+    if split > 1:
+        reduce_splits(target, global_scale, bias, out)
+    return out
+
+
+def sm90_build(m: int, n: int, k: int, config: dict):
+    """The kernel's ``build.Build`` for ``[m, k] @ [n, k]^T`` in ``config`` (ring layout, no
+    bias): its descriptors' signatures as Triton specializes them over unallocated host tensors,
+    what ``build.compile_for`` builds for sm_90 without a GPU."""
+    from flashrt.kernels import build
+    from triton.backends.nvidia.compiler import CUDABackend
+    from triton.runtime.jit import native_specialize_impl
+
+    x = torch.empty(m, k, dtype=torch.bfloat16)
+    words, scale_words = torch.empty(n, k // 8, dtype=torch.int32), torch.empty(n, k // 64, dtype=torch.int32)
+    names = ("words_desc", "scales_desc", "x_desc")
+    descs = descriptors(x, words, scale_words, config)
+    sig = {
+        name: native_specialize_impl(CUDABackend, d, False, True, True)[0] for name, d in zip(names, descs, strict=True)
+    }
+    split = min(config.get("SPLIT_K", 1), 2)
+    sig |= {"global_scale_ptr": "*fp32", "bias_ptr": "*bf16", "out_ptr": "*bf16" if split == 1 else "*fp32"}
+    sig |= {"M": "i32", "N": "i32", "K": "i32", "stride_om": "i32"}
+    consts = {"HAS_BIAS": False, "SPLIT_K": split, "CHUNKS": config.get("CHUNKS", 1), "LAYOUT": 1}
+    consts |= {key: config[key] for key in ("BLOCK_M", "ROW_TILES", "WARPS", "STAGES")} | ({"M": 1} if m == 1 else {})
+    sig |= dict.fromkeys(consts, "constexpr")
+    return build.Build("tma_ring", tma_ring_kernel, sig, consts, config["WARPS"], 1)
+
+
+def main(path: str) -> None:
+    from flashrt.bench.kernels import provenance
+    from flashrt.bench.probe_decode_cost import tuned_ring_cases
+    from flashrt.bench.probe_ring_depth import timed
+    from flashrt.bench.probe_rows import read_us
+    from flashrt.bench.timing import copy_bandwidth_tbps
+    from flashrt.kernels import linear_mma_gluon, ops, ring_layout
+
+    result = {**provenance(), "copy_TBps": copy_bandwidth_tbps(), "rows": []}
+    for shape, w, ring, x, config in tuned_ring_cases():
+        (m, k), n = x.shape, w.shape[0]
+        ref = ops.linear_reference(x, w)
+        cfg = {**config, "LAYOUT": ring_layout.RING}
+        operands = (x, ring, w.scales, w.global_scale, None)
+        arms = {
+            "ring": lambda o, c=cfg, a=operands: linear_mma_gluon.launch(*a, o, c, True),
+            "tma": lambda o, c=cfg, a=operands: launch(*a, o, c),
+        }
+        for stages in (3, 4, 6):  # mbarriers free the ring of cp.async's group counting: deeper rings
+            if stages != cfg["STAGES"]:
+                arms[f"tma_s{stages}"] = lambda o, c={**cfg, "STAGES": stages}, a=operands: launch(*a, o, c)
+        row = {"shape": shape, "N": n, "K": k, "M": m, "config": config, "arms": {}}
+        out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
+        for arm, run in arms.items():
+            row["arms"][arm] = figure = timed(functools.partial(run, out), out, ref)
+            print(f"{shape:14s} M={m:2d} {arm:10s} {json.dumps(figure)}", flush=True)
+        if m == 1:
+            row["read_us"], row["read_tiling"] = read_us(w)
+        result["rows"].append(row)
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
