@@ -9,31 +9,36 @@ them (``LDGSTS``: 7 a step a thread at one token), counts them (``commit_group``
 and meets the others at a CTA barrier. In the sm_90 SASS of gate_up's one-token config those are
 about 30 of the loop's 337 instructions a step a thread.
 
-Here one thread a program fills a slot with three TMA copies (the step's weight words, its scale
-words and its activations, each one box) and the slot's mbarrier counts their bytes: the loop
-waits on the mbarrier, meets at the barrier that lets the slot before be refilled (as the ring
-does), and issues nothing else. The boxes land in the shared layouts the ring's loads already
-read: 128-byte swizzling XORs a row's 16-byte chunk with the row, as ``words_shared_layout`` and
-the activations' swizzle do. The tiling, chunks, splits, decode and MMA are the ring form's
-(``linear_mma_gluon``), so the same config runs both ways on the same bytes.
+Here a slot is filled by three TMA copies (the step's weight words, its scale words and its
+activations, each one box) that mbarriers count in bytes. The boxes land in the shared layouts
+the ring's loads already read: 128-byte swizzling XORs a row's 16-byte chunk with the row, as
+``words_shared_layout`` and the activations' swizzle do. The tiling, chunks, splits, decode and
+MMA are the ring form's (``linear_mma_gluon``), so the same config runs every way on the same
+bytes. Two ways to issue the copies:
 
-For each Llama shape and the LM head at 1 and 16 tokens that the H200 serves with the ring form,
-its tuned config (``bench/tuning``) as served and through TMA, each checked against the
-reference first, then timed as the adjudicator times (``ops._time_us``), with the read-only floor
-of ``probe_rows`` at one token. Nothing here is offered to the adjudicator: a win is what would
-make the TMA slots a ring option.
+* ``tma_ring_kernel``: one thread of the program, in the loop where the ring issues its own. Its
+  sm_90 SASS (``bench/sass_loop.py``, the H200's Triton 3.6, gate_up's one-token config) is 384
+  instructions a step with 10 CTA barriers, against the ring's 337 with 2: Triton's
+  shared-memory analysis puts a CTA barrier before every operation on an mbarrier's allocation
+  (an expect, a copy that signals it, a wait), each a write to it as the analysis sees them. One
+  mbarrier a slot for all three copies, a first cut, gave 372 and 5 barriers.
+* ``ws_ring_kernel`` (warp-specialized, as ``linear_wgmma_ws_gluon``): one producer warp waits for
+  a slot to be released and fills it; the MMA warps (a multiple of 4: ``warp_specialize`` takes
+  warpgroups) wait for it, load it into registers, release it and decode. The barriers the
+  analysis adds are the producer's own (one warp) and two among the MMA warps a step, one of
+  them the release's (every warp's loads done before one thread arrives). Same config at 4
+  warps: 306 instructions a step, no copy, against the ring's 343.
+
+For each Llama shape and the LM head at 1 and 16 tokens that the H200 serves with the ring form:
+its tuned config (``bench/tuning``) as served, the ring at 4 warps where the config has fewer,
+``tma_ring_kernel`` in the served config and ``ws_ring_kernel`` at 4 and 8 MMA warps and 2-6
+stages, each checked against the reference first, then timed as the adjudicator times
+(``ops._time_us``), with the read-only floor of ``probe_rows`` at one token. Nothing here is
+offered to the adjudicator: a win is what would make TMA slots a ring option.
 
 ``python3 bench/probe_tma_ring.py OUT.json`` with flashrt importable (``bench/gpu_run.sh``).
-A kernel that waits on an mbarrier that never completes hangs the GPU: run it under ``timeout``.
-
-Not run on a GPU: its sm_90 SASS says it would lose (counted with ``bench/sass_loop.py``,
-the H200's Triton 3.6, gate_up's one-token config): 384 instructions a step with 10 CTA barriers,
-against the ring's 337 with 2. The copies' issue is gone (no ``LDGSTS``, three ``UTMALDG``), but
-Triton's shared-memory analysis puts a CTA barrier before every operation on an mbarrier's
-allocation (an expect, a TMA copy that signals it, a wait), each a write to it as the analysis
-sees them. With one mbarrier a slot for all three copies, a first cut, it was 372 instructions
-with 5 barriers. ``test_the_tma_ring_probe_meets_a_barrier_at_every_mbarrier_operation`` keeps
-those figures; when a Triton leaves the barriers out it fails, and the probe is worth its call.
+Built for sm_90 in CI, not yet run on a GPU. A kernel that waits on an mbarrier that never
+completes hangs the GPU: run it under ``timeout``.
 """
 
 from __future__ import annotations
@@ -57,11 +62,17 @@ from flashrt.kernels.linear_mma_gluon import (
     require_bf16,
     words_layout,
 )
+from flashrt.kernels.linear_wgmma_ws_gluon import _PRODUCER_REGISTERS
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+# The specialized kernel's (MMA warps, stages, programs an SM) timed. Its program is two
+# warpgroups (the producer's padded), and the launch's register cap decides how many fit an SM:
+# one at the warp-specialized form's cap, where the ring form keeps several of its small
+# programs' copies in flight. TMA slots cost no registers, so rings deeper than cp.async's 2-4.
+WS_SHAPES = ((4, 4, 1), (4, 6, 1), (4, 3, 2), (4, 4, 2), (4, 6, 2), (4, 3, 3), (8, 3, 1), (8, 4, 1))
 
 # A row's step of weight words (32 words, 128 bytes) and a token's step of activations in four
 # 64-wide quarters (128 bytes each): 128-byte swizzling puts chunk c of row r at c ^ (r % 8), the
@@ -167,6 +178,106 @@ def tma_ring_kernel(
     )  # fmt: skip
 
 
+@gluon.jit
+def _produce(
+    words_desc, scales_desc, x_desc, words_ring, scales_ring, x_ring, full, empty, row0, tok0, first, steps,
+    STAGES: gl.constexpr,
+):  # fmt: skip
+    """The producer warp: step i into slot ``i % STAGES`` once the MMA warps have released it (a
+    fresh mbarrier passes the phase before its first)."""
+    NBYTES: gl.constexpr = words_desc.block_type.nbytes + scales_desc.block_type.nbytes + x_desc.block_type.nbytes
+    for i in range(steps):
+        slot = i % STAGES
+        mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
+        bar = full.index(slot)
+        mbarrier.expect(bar, NBYTES)
+        at = first + i
+        _tma_load(words_desc, [row0, 0, 4 * V * at], bar, words_ring.index(slot))
+        _tma_load(scales_desc, [row0, 0, (V // 2) * at], bar, scales_ring.index(slot))
+        _tma_load(x_desc, [tok0, 0, 4 * at, 0], bar, x_ring.index(slot))
+
+
+@gluon.jit
+def _consume(
+    words_ring, scales_ring, x_ring, full, empty, steps, BLOCK_M: gl.constexpr, ROW_TILES: gl.constexpr,
+    WARPS: gl.constexpr, STAGES: gl.constexpr, LAYOUT: gl.constexpr,
+):  # fmt: skip
+    """The MMA warps: each step's slot loaded into registers and released before its decode."""
+    BLOCK_N: gl.constexpr = 16 * ROW_TILES * WARPS
+    SCALES: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, words_layout(ROW_TILES, WARPS)))
+    ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
+    acc = gl.zeros([BLOCK_N, mma_tokens(BLOCK_M)], gl.float32, layout=ACC)
+    for i in range(steps):
+        slot = i % STAGES
+        mbarrier.wait(full.index(slot), (i // STAGES) & 1)
+        words = words_ring.index(slot).reshape([BLOCK_N, 4, V // 2, 2]).load(words_layout(ROW_TILES, WARPS))
+        scales = scales_ring.index(slot).reshape([BLOCK_N, 4]).load(SCALES)
+        x = x_ring.index(slot).reshape([4 * BLOCK_M, 8 * V]).load(acts_load_layout(BLOCK_M, WARPS))
+        mbarrier.arrive(empty.index(slot), count=1)
+        acc = _times_activations(acc, _weights_fragment(words, scales, WARPS, LAYOUT), x, BLOCK_M, WARPS, LAYOUT)
+    return (acc,)
+
+
+@gluon.jit
+def ws_ring_kernel(
+    words_desc,
+    scales_desc,
+    x_desc,
+    global_scale_ptr,
+    bias_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    stride_om,
+    HAS_BIAS: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    ROW_TILES: gl.constexpr,
+    WARPS: gl.constexpr,
+    STAGES: gl.constexpr,
+    SPLIT_K: gl.constexpr,
+    CHUNKS: gl.constexpr,
+    LAYOUT: gl.constexpr,
+):
+    """``tma_ring_kernel``'s tile, its slots filled by a producer warp (``_produce``) for
+    ``WARPS`` MMA warps (``_consume``), an mbarrier a slot for "full" and one for "empty"."""
+    BLOCK_N: gl.constexpr = 16 * ROW_TILES * WARPS
+    BLOCK_K: gl.constexpr = 32 * V
+    pid_n, pid_m, pid_k = gl.program_id(0), gl.program_id(1), gl.program_id(2)
+    chunk_steps = K // CHUNKS // BLOCK_K
+    per_split = gl.cdiv(chunk_steps, SPLIT_K)
+    first = pid_k * per_split
+    steps = gl.maximum(gl.minimum(per_split, chunk_steps - first), 0)
+    row0 = pid_n * (BLOCK_N // CHUNKS)
+    tok0 = pid_m * (BLOCK_M // CHUNKS)
+
+    words_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N // CHUNKS, CHUNKS, 4 * V], words_desc.layout)
+    scales_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N // CHUNKS, CHUNKS, 4], scales_desc.layout)
+    x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M // CHUNKS, CHUNKS, 4, 8 * V], x_desc.layout)
+    full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(full.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+    (acc,) = gl.warp_specialize(
+        [
+            (_consume, (words_ring, scales_ring, x_ring, full, empty, steps, BLOCK_M, ROW_TILES, WARPS, STAGES,
+                        LAYOUT)),
+            (_produce, (words_desc, scales_desc, x_desc, words_ring, scales_ring, x_ring, full, empty, row0, tok0,
+                        first, steps, STAGES)),
+        ],
+        [1],
+        [_PRODUCER_REGISTERS],
+    )  # fmt: skip
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(full.index(s))
+        mbarrier.invalidate(empty.index(s))
+    _store_product(
+        acc, pid_n, pid_m, pid_k, out_ptr, bias_ptr, global_scale_ptr, M, N, stride_om, HAS_BIAS, BLOCK_M, SPLIT_K,
+        CHUNKS, WARPS,
+    )  # fmt: skip
+
+
 def descriptors(x: torch.Tensor, words: torch.Tensor, scale_words: torch.Tensor, config: dict) -> tuple:
     """TMA descriptors of the weight words ``[N, K/8]`` int32, the scale words ``[N, K/64]`` and
     the activations ``[M, K]``, each viewed with its rows in ``CHUNKS`` chunks of K (the
@@ -192,10 +303,20 @@ def descriptors(x: torch.Tensor, words: torch.Tensor, scale_words: torch.Tensor,
     return words_desc, scales_desc, x_desc
 
 
+def tma_config(config: dict) -> dict:
+    """``config`` as these kernels take it: a one-token tile widened to two token rows (the
+    second past the last token, zeros), since a one-row activation box in the swizzled layout
+    does not build (Triton 3.6: "Illegal shared layout"); the MMA has 8 columns either way."""
+    return {**config, "BLOCK_M": max(config["BLOCK_M"], 2)}
+
+
 def launch(x, packed, scales, global_scale, bias, out, config: dict) -> torch.Tensor:
-    """``linear_mma_gluon.launch``'s grid and arguments for ``tma_ring_kernel``: the same config
-    (a token tile a multiple of ``CHUNKS``, as the ring form's chunked configs are)."""
+    """``linear_mma_gluon.launch``'s grid and arguments for ``tma_ring_kernel``, or for
+    ``ws_ring_kernel`` where ``SPECIALIZED`` (``WARPS`` MMA warps, a multiple of 4): the same
+    config otherwise (a token tile a multiple of ``CHUNKS``, as the ring form's chunked configs
+    are)."""
     require_bf16("x", x)
+    config = tma_config(config)
     m, k = x.shape
     n = packed.shape[0]
     chunks = config.get("CHUNKS", 1)
@@ -210,25 +331,35 @@ def launch(x, packed, scales, global_scale, bias, out, config: dict) -> torch.Te
     target = split_target(out, split)
     block_n = 16 * config["ROW_TILES"] * config["WARPS"]
     grid = (cdiv(chunks * n, block_n), cdiv(chunks * m, config["BLOCK_M"]), split)
-    tma_ring_kernel[grid](
+    specialized = {"maxnreg": registers(config)} if config.get("SPECIALIZED") else {}
+    kernel = ws_ring_kernel if specialized else tma_ring_kernel
+    kernel[grid](
         *descriptors(x, words, scale_words, config), global_scale, bias if bias is not None else out, target, m, n,
         k, out.stride(0), HAS_BIAS=bias is not None, BLOCK_M=config["BLOCK_M"], ROW_TILES=config["ROW_TILES"],
         WARPS=config["WARPS"], STAGES=config["STAGES"], SPLIT_K=split, CHUNKS=chunks, LAYOUT=config.get("LAYOUT", 0),
-        num_warps=config["WARPS"],
+        num_warps=config["WARPS"], **specialized,
     )  # fmt: skip
     if split > 1:
         reduce_splits(target, global_scale, bias, out)
     return out
 
 
+def registers(config: dict) -> int:
+    """The specialized launch's register cap: ``PROGRAMS`` (default 1) programs of the MMA warps
+    and the producer's warpgroup in the SM's 64K registers."""
+    threads = 32 * (config["WARPS"] + 4) * config.get("PROGRAMS", 1)
+    return min(255, 65536 // threads) // 8 * 8
+
+
 def sm90_build(m: int, n: int, k: int, config: dict):
-    """The kernel's ``build.Build`` for ``[m, k] @ [n, k]^T`` in ``config`` (ring layout, no
+    """The kernel's (``launch``'s choice) ``build.Build`` for ``[m, k] @ [n, k]^T`` in ``config`` (ring layout, no
     bias): its descriptors' signatures as Triton specializes them over unallocated host tensors,
     what ``build.compile_for`` builds for sm_90 without a GPU."""
     from flashrt.kernels import build
     from triton.backends.nvidia.compiler import CUDABackend
     from triton.runtime.jit import native_specialize_impl
 
+    config = tma_config(config)
     x = torch.empty(m, k, dtype=torch.bfloat16)
     words, scale_words = torch.empty(n, k // 8, dtype=torch.int32), torch.empty(n, k // 64, dtype=torch.int32)
     names = ("words_desc", "scales_desc", "x_desc")
@@ -242,6 +373,8 @@ def sm90_build(m: int, n: int, k: int, config: dict):
     consts = {"HAS_BIAS": False, "SPLIT_K": split, "CHUNKS": config.get("CHUNKS", 1), "LAYOUT": 1}
     consts |= {key: config[key] for key in ("BLOCK_M", "ROW_TILES", "WARPS", "STAGES")} | ({"M": 1} if m == 1 else {})
     sig |= dict.fromkeys(consts, "constexpr")
+    if config.get("SPECIALIZED"):
+        return build.Build("ws_ring", ws_ring_kernel, sig, consts, config["WARPS"], 1, maxnreg=registers(config))
     return build.Build("tma_ring", tma_ring_kernel, sig, consts, config["WARPS"], 1)
 
 
@@ -263,9 +396,11 @@ def main(path: str) -> None:
             "ring": lambda o, c=cfg, a=operands: linear_mma_gluon.launch(*a, o, c, True),
             "tma": lambda o, c=cfg, a=operands: launch(*a, o, c),
         }
-        for stages in (3, 4, 6):  # mbarriers free the ring of cp.async's group counting: deeper rings
-            if stages != cfg["STAGES"]:
-                arms[f"tma_s{stages}"] = lambda o, c={**cfg, "STAGES": stages}, a=operands: launch(*a, o, c)
+        if cfg["WARPS"] < 4:  # the specialized kernel's MMA warps are warpgroups: the ring so too
+            arms["ring_w4"] = lambda o, c={**cfg, "WARPS": 4}, a=operands: linear_mma_gluon.launch(*a, o, c, True)
+        for warps, stages, programs in WS_SHAPES:
+            c = {**cfg, "WARPS": warps, "STAGES": stages, "PROGRAMS": programs, "SPECIALIZED": True}
+            arms[f"ws_w{warps}_s{stages}_p{programs}"] = lambda o, c=c, a=operands: launch(*a, o, c)
         row = {"shape": shape, "N": n, "K": k, "M": m, "config": config, "arms": {}}
         out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
         for arm, run in arms.items():

@@ -208,22 +208,31 @@ print("step", len(body), c["HMMA"], c["HMUL2"], c["LDGSTS"], c["BAR"])
     assert "step 337 16 72 7 2" in _run_with("h200", code)
 
 
-def test_the_tma_ring_probe_meets_a_barrier_at_every_mbarrier_operation():
-    """``bench/probe_tma_ring.py`` in gate_up's served one-token config, built for sm_90 with the
-    H200's Triton: its step issues three TMA copies and no ``cp.async``, and pays 10 CTA
-    barriers for it (384 instructions against the ring's 337 with 2), the reason it was not sent
-    to a GPU. When a Triton leaves those barriers out this fails: time the probe then."""
+def test_the_tma_ring_probe_s_kernels_issue_what_its_docstring_says():
+    """``bench/probe_tma_ring.py``'s two kernels in gate_up's served one-token config, built for
+    sm_90 with the H200's Triton: filled in the loop, a step issues three TMA copies and no
+    ``cp.async`` but pays 10 CTA barriers (384 instructions against the ring's 337 with 2);
+    warp-specialized at 4 MMA warps, two programs an SM (a register cap of 128), the MMA warps'
+    step is 306 instructions with 2 barriers and no copy, no spills, and the producer
+    warpgroup's registers handed to them (``setmaxnreg``). When a Triton leaves the first
+    kernel's barriers out this fails: time it then."""
     code = """
 from flashrt.bench import probe_tma_ring, sass_loop
 from flashrt.bench.probe_warps import tuned
 from flashrt.kernels import build
 form, config = tuned(1, 28672, 4096)
-b = probe_tma_ring.sm90_build(1, 28672, 4096, config)
-body = sass_loop.main_loop(sass_loop.sass(build.compile_for(b, 90).asm["cubin"]))
-c = sass_loop.mix(body)
-print("step", len(body), c["BAR"], c["UTMALDG"], c["LDGSTS"], c["HMMA"])
+for extra in ({}, {"WARPS": 4, "PROGRAMS": 2, "SPECIALIZED": True}):
+    b = probe_tma_ring.sm90_build(1, 28672, 4096, {**config, **extra})
+    k = build.compile_for(b, 90)
+    text = sass_loop.sass(k.asm["cubin"])
+    c = sass_loop.mix(sass_loop.main_loop(text))
+    assert "cp.async.bulk.tensor" in k.asm["ptx"] and "STL" not in text, extra
+    assert ("setmaxnreg.dec" in k.asm["ptx"]) == bool(extra), extra
+    print("step", b.name, b.maxnreg, len(sass_loop.main_loop(text)), c["BAR"], c["UTMALDG"], c["LDGSTS"], c["HMMA"])
 """
-    assert "step 384 10 3 0 16" in _run_with("h200", code)
+    printed = _run_with("h200", code)
+    assert "step tma_ring None 384 10 3 0 16" in printed, printed
+    assert "step ws_ring 128 306 2 0 0 16" in printed, printed
 
 
 @pytest.mark.parametrize("triton_path", ["suite", "h200"])
