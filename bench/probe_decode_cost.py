@@ -66,9 +66,9 @@ def patch(arm: str) -> None:
         linear_mma_gluon._DECODE_RING = gl.constexpr(decode_twice_ptx())
 
 
-def tuned_ring_cases():
+def tuned_ring_cases(tokens=TOKENS):
     """``(shape, weight, its bytes in ring_layout, activations, config)`` for each of ``SHAPES``
-    at each of ``TOKENS`` that the H200 serves with the ring form, in its tuned config
+    at each of ``tokens`` that the H200 serves with the ring form, in its tuned config
     (``bench/tuning``); random operands, the same every run."""
     import torch
     from flashrt.bench.probe_warps import tuned
@@ -78,7 +78,7 @@ def tuned_ring_cases():
     for shape, (n, k) in SHAPES.items():
         w = nvfp4.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16))
         ring = ring_layout.pack(w.packed)
-        for m in TOKENS:
+        for m in tokens:
             form, config = tuned(m, n, k) or (None, None)
             if form == "mma_gluon":
                 yield shape, w, ring, torch.randn(m, k, device="cuda", dtype=torch.bfloat16), config

@@ -29,7 +29,8 @@ bytes. Two ways to issue the copies:
   them the release's (every warp's loads done before one thread arrives). Same config at 4
   warps: 306 instructions a step, no copy, against the ring's 343.
 
-For each Llama shape and the LM head at 1 and 16 tokens that the H200 serves with the ring form:
+For each Llama shape and the LM head at 1, 16 and 8 tokens (``TOKENS``; 8 last, where a call's
+limit would cut it: ``DEADLINE_S``) that the H200 serves with the ring form:
 its tuned config (``bench/tuning``) as served, the ring at 4 warps where the config has fewer,
 ``tma_ring_kernel`` in the served config and ``ws_ring_kernel`` at 4 and 8 MMA warps and 2-6
 stages, each checked against the reference first, then timed as the adjudicator times
@@ -46,6 +47,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+import time
 
 import torch
 from flashrt.kernels.decode import cdiv
@@ -68,6 +70,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+TOKENS = (1, 16, 8)
+DEADLINE_S = 480  # the JSON is rewritten after each row; past this no row starts
 # The specialized kernel's (MMA warps, stages, programs an SM) timed. Its program is two
 # warpgroups (the producer's padded), and the launch's register cap decides how many fit an SM:
 # one at the warp-specialized form's cap, where the ring form keeps several of its small
@@ -386,8 +390,12 @@ def main(path: str) -> None:
     from flashrt.bench.timing import copy_bandwidth_tbps
     from flashrt.kernels import linear_mma_gluon, ops, ring_layout
 
+    start = time.monotonic()
     result = {**provenance(), "copy_TBps": copy_bandwidth_tbps(), "rows": []}
-    for shape, w, ring, x, config in tuned_ring_cases():
+    for shape, w, ring, x, config in tuned_ring_cases(TOKENS):
+        if time.monotonic() - start > DEADLINE_S:
+            print("deadline: stopping", flush=True)
+            break
         (m, k), n = x.shape, w.shape[0]
         ref = ops.linear_reference(x, w)
         cfg = {**config, "LAYOUT": ring_layout.RING}
