@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One call on a GPU machine with torch and Triton but no flashrt installed: the GPU test suite,
 # then one benchmark. Usage: bench/gpu_run.sh OUTDIR [kernels|e2e|prefill|seats|host] [bench args...]
-# (default: kernels); SKIP_GPU_TESTS=1 skips the tests (a second benchmark in the same call; not FLASHRT_: the
+# (default: kernels), or bench/gpu_run.sh OUTDIR probe NAME [args...]: bench/NAME.py writing
+# OUTDIR/NAME.json, killed at PROBE_TIMEOUT_S (default 540; a kernel waiting on an mbarrier that
+# never completes hangs the GPU) with what it wrote so far kept; SKIP_GPU_TESTS=1 skips the tests (a second benchmark in the same call; not FLASHRT_: the
 # runtime rejects FLASHRT_ variables it does not know). GPU_TESTS_K picks tests as pytest's -k: the
 # whole GPU suite took 525 s at a49877c, most of a ten-minute call.
 # Wheels under .whl/ (what the machine lacks, e.g. flash-linear-attention for Qwen3.5) are put on
@@ -9,9 +11,9 @@
 # Set FLASHRT_COMMIT to the commit sent: a copied tree's git may name another.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:?usage: bench/gpu_run.sh OUTDIR [kernels|e2e|prefill|seats|host] [bench args]}; shift
+out=${1:?usage: bench/gpu_run.sh OUTDIR [kernels|e2e|prefill|seats|host|probe NAME] [args]}; shift
 bench=kernels
-case "${1:-}" in kernels|e2e|prefill|seats|host) bench=$1; shift ;; esac
+case "${1:-}" in kernels|e2e|prefill|seats|host|probe) bench=$1; shift ;; esac
 site=$(mktemp -d)
 mkdir -p "$site/flashrt"
 cp "$root"/src/*.py "$site/flashrt/"
@@ -37,4 +39,9 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | t
 # The log is written as the tests run: a call cut at its limit still brings back what ran.
 [ "${SKIP_GPU_TESTS:-0}" = 1 ] || (cd "$root" && python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_bench.py \
   ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} 2>&1) | tee "$out/gpu-tests.log"
-python3 -m flashrt.bench "$bench" --out "$out/$bench.json" "$@" 2>&1 | tee "$out/$bench.log"
+if [ "$bench" = probe ]; then
+  name=${1:?usage: bench/gpu_run.sh OUTDIR probe NAME [args]}; shift
+  timeout "${PROBE_TIMEOUT_S:-540}" python3 -m "flashrt.bench.$name" "$out/$name.json" "$@" 2>&1 | tee "$out/$name.log"
+else
+  python3 -m flashrt.bench "$bench" --out "$out/$bench.json" "$@" 2>&1 | tee "$out/$bench.log"
+fi
