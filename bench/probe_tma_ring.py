@@ -87,6 +87,31 @@ ACTS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, 
 
 
 @gluon.jit
+def _program(K, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, SPLIT_K: gl.constexpr, CHUNKS: gl.constexpr):
+    """The program's first step and step count (its split's of its chunk's steps; none past the
+    last) and the first row and token of its boxes, in the chunked views of ``descriptors``."""
+    BLOCK_K: gl.constexpr = 32 * V
+    chunk_steps = K // CHUNKS // BLOCK_K
+    per_split = gl.cdiv(chunk_steps, SPLIT_K)
+    first = gl.program_id(2) * per_split
+    steps = gl.maximum(gl.minimum(per_split, chunk_steps - first), 0)
+    return first, steps, gl.program_id(0) * (BLOCK_N // CHUNKS), gl.program_id(1) * (BLOCK_M // CHUNKS)
+
+
+@gluon.jit
+def _rings(
+    words_desc, scales_desc, x_desc, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+    CHUNKS: gl.constexpr,
+):  # fmt: skip
+    """The ring's ``STAGES`` slots of weight words, scale words and activations, each slot one
+    box of its descriptor."""
+    words_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N // CHUNKS, CHUNKS, 4 * V], words_desc.layout)
+    scales_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N // CHUNKS, CHUNKS, 4], scales_desc.layout)
+    x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M // CHUNKS, CHUNKS, 4, 8 * V], x_desc.layout)
+    return words_ring, scales_ring, x_ring
+
+
+@gluon.jit
 def _fill(
     step, slot, steps, words_desc, scales_desc, x_desc, words_ring, scales_ring, x_ring, ready, row0, tok0, first,
     STAGES: gl.constexpr,
@@ -131,22 +156,12 @@ def tma_ring_kernel(
     without ``CHUNKS``), so a box's rows are the ring's program rows ``CHUNKS n + c`` and its
     activation rows ``4 (CHUNKS t + c) + q`` in the ring form's order."""
     BLOCK_N: gl.constexpr = 16 * ROW_TILES * WARPS
-    BLOCK_K: gl.constexpr = 32 * V
     SCALES: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, words_layout(ROW_TILES, WARPS)))
     MMA_M: gl.constexpr = mma_tokens(BLOCK_M)
     ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
-
     pid_n, pid_m, pid_k = gl.program_id(0), gl.program_id(1), gl.program_id(2)
-    chunk_steps = K // CHUNKS // BLOCK_K
-    per_split = gl.cdiv(chunk_steps, SPLIT_K)
-    first = pid_k * per_split
-    steps = gl.maximum(gl.minimum(per_split, chunk_steps - first), 0)
-    row0 = pid_n * (BLOCK_N // CHUNKS)
-    tok0 = pid_m * (BLOCK_M // CHUNKS)
-
-    words_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N // CHUNKS, CHUNKS, 4 * V], words_desc.layout)
-    scales_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N // CHUNKS, CHUNKS, 4], scales_desc.layout)
-    x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M // CHUNKS, CHUNKS, 4, 8 * V], x_desc.layout)
+    first, steps, row0, tok0 = _program(K, BLOCK_N, BLOCK_M, SPLIT_K, CHUNKS)
+    words_ring, scales_ring, x_ring = _rings(words_desc, scales_desc, x_desc, BLOCK_N, BLOCK_M, STAGES, CHUNKS)
     ready = gl.allocate_shared_memory(gl.int64, [3 * STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(3 * STAGES):
         mbarrier.init(ready.index(s), count=1)
@@ -246,18 +261,9 @@ def ws_ring_kernel(
     """``tma_ring_kernel``'s tile, its slots filled by a producer warp (``_produce``) for
     ``WARPS`` MMA warps (``_consume``), an mbarrier a slot for "full" and one for "empty"."""
     BLOCK_N: gl.constexpr = 16 * ROW_TILES * WARPS
-    BLOCK_K: gl.constexpr = 32 * V
     pid_n, pid_m, pid_k = gl.program_id(0), gl.program_id(1), gl.program_id(2)
-    chunk_steps = K // CHUNKS // BLOCK_K
-    per_split = gl.cdiv(chunk_steps, SPLIT_K)
-    first = pid_k * per_split
-    steps = gl.maximum(gl.minimum(per_split, chunk_steps - first), 0)
-    row0 = pid_n * (BLOCK_N // CHUNKS)
-    tok0 = pid_m * (BLOCK_M // CHUNKS)
-
-    words_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N // CHUNKS, CHUNKS, 4 * V], words_desc.layout)
-    scales_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N // CHUNKS, CHUNKS, 4], scales_desc.layout)
-    x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M // CHUNKS, CHUNKS, 4, 8 * V], x_desc.layout)
+    first, steps, row0, tok0 = _program(K, BLOCK_N, BLOCK_M, SPLIT_K, CHUNKS)
+    words_ring, scales_ring, x_ring = _rings(words_desc, scales_desc, x_desc, BLOCK_N, BLOCK_M, STAGES, CHUNKS)
     full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
