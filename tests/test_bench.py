@@ -806,3 +806,48 @@ def test_the_device_call_runs_every_test_file_that_takes_the_gpu():
     assert "test_kernels.py" in files and "test_bench.py" in files, files
     for name in files:
         assert f"tests/{name}" in script, f"bench/gpu_run.sh does not run {name}"
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+    reason="TMA copies under mbarriers, built for sm_90: the H200",
+)
+def test_the_tma_ring_probe_computes_the_linear_where_its_boxes_cross_the_ends():
+    """``bench/probe_tma_ring.py``'s two kernels against the reference where their boxes reach
+    past the operands (TMA fills zeros there): 1000 rows in 64- and 128-row programs, 3 and 17
+    tokens in 4- and 16-token tiles, rows cut in 4 chunks, K split in 2, one token widened to two
+    rows, 2-6 stages, 1-2 programs an SM. Run in a process of its own under a timeout: a wait on
+    an mbarrier that never completes hangs its GPU context, and the suite must still finish."""
+    import subprocess
+    import sys
+
+    code = """
+import torch
+from flashrt.bench import probe_tma_ring
+from flashrt.bench.probe_ring_depth import rel_err
+from flashrt.kernels import nvfp4, ops, ring_layout
+torch.manual_seed(0)
+cases = [
+    (1, 1000, 2048, {"BLOCK_M": 1, "ROW_TILES": 1, "WARPS": 4, "STAGES": 6}),
+    (1, 1000, 4096, {"BLOCK_M": 4, "CHUNKS": 4, "ROW_TILES": 1, "WARPS": 4, "STAGES": 2}),
+    (3, 1000, 4096, {"BLOCK_M": 4, "ROW_TILES": 1, "WARPS": 4, "STAGES": 3, "SPLIT_K": 2}),
+    (17, 1000, 2048, {"BLOCK_M": 16, "ROW_TILES": 2, "WARPS": 4, "STAGES": 3}),
+]
+for m, n, k, config in cases:
+    w = nvfp4.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16))
+    ring = ring_layout.pack(w.packed)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    ref = ops.linear_reference(x, w)
+    for extra in ({}, {"SPECIALIZED": True, "PROGRAMS": 2}, {"SPECIALIZED": True, "WARPS": 8}):
+        c = {**config, "LAYOUT": ring_layout.RING, **extra}
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        probe_tma_ring.launch(x, ring, w.scales, w.global_scale, None, out, c)
+        torch.cuda.synchronize()
+        err = rel_err(out, ref)
+        assert err < 1e-2, (m, n, k, c, err)
+        print("ok", m, n, k, sorted(c.items()), f"{err:.2e}", flush=True)
+print("all", len(cases))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "all 4" in done.stdout and done.stdout.count("ok ") == 12, done.stdout
