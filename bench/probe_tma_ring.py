@@ -76,7 +76,7 @@ DEADLINE_S = 480  # the JSON is rewritten after each row; past this no row start
 # warpgroups (the producer's padded), and the launch's register cap decides how many fit an SM:
 # one at the warp-specialized form's cap, where the ring form keeps several of its small
 # programs' copies in flight. TMA slots cost no registers, so rings deeper than cp.async's 2-4.
-WS_SHAPES = ((4, 4, 1), (4, 6, 1), (4, 3, 2), (4, 4, 2), (4, 6, 2), (4, 3, 3), (8, 3, 1), (8, 4, 1))
+WS_SHAPES = ((4, 4, 1), (4, 6, 1), (4, 3, 2), (4, 4, 2), (4, 6, 2), (4, 3, 3), (8, 3, 1), (8, 4, 1), (8, 4, 2))
 
 # A row's step of weight words (32 words, 128 bytes) and a token's step of activations in four
 # 64-wide quarters (128 bytes each): 128-byte swizzling puts chunk c of row r at c ^ (r % 8), the
