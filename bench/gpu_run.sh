@@ -3,9 +3,10 @@
 # then one benchmark. Usage: bench/gpu_run.sh OUTDIR [kernels|e2e|prefill|seats|host] [bench args...]
 # (default: kernels), or bench/gpu_run.sh OUTDIR probe NAME [args...]: bench/NAME.py writing
 # OUTDIR/NAME.json, killed at PROBE_TIMEOUT_S (default 540; a kernel waiting on an mbarrier that
-# never completes hangs the GPU) with what it wrote so far kept; SKIP_GPU_TESTS=1 skips the tests (a second benchmark in the same call; not FLASHRT_: the
-# runtime rejects FLASHRT_ variables it does not know). GPU_TESTS_K picks tests as pytest's -k: the
-# whole GPU suite took 525 s at a49877c, most of a ten-minute call.
+# never completes hangs the GPU) with what it wrote so far kept.
+# SKIP_GPU_TESTS=1 skips the tests (a second benchmark in the same call; not FLASHRT_: the runtime
+# rejects FLASHRT_ variables it does not know). GPU_TESTS_K picks tests as pytest's -k: the whole
+# GPU suite took 525 s at a49877c, most of a ten-minute call.
 # Wheels under .whl/ (what the machine lacks, e.g. flash-linear-attention for Qwen3.5) are put on
 # PYTHONPATH first.
 # Set FLASHRT_COMMIT to the commit sent: a copied tree's git may name another.

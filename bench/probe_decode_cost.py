@@ -84,6 +84,47 @@ def tuned_ring_cases(tokens=TOKENS):
                 yield shape, w, ring, torch.randn(m, k, device="cuda", dtype=torch.bfloat16), config
 
 
+def time_ring_arms(path: str, arms_for, tokens=TOKENS, deadline_s: float | None = None) -> None:
+    """The probes' harness over ``tuned_ring_cases(tokens)``: for each, the ring as served and
+    the arms ``arms_for(config, operands)`` adds (name -> run on ``out``; the config in the ring
+    layout, operands ``x, ring words, scales, global scale, bias``), each checked against the
+    reference, then timed (``probe_ring_depth.timed``); at one token the read-only floor too.
+    The JSON is rewritten after each row, and no row starts past ``deadline_s``."""
+    import functools
+    import json
+    import time
+
+    import torch
+    from flashrt.bench.kernels import provenance
+    from flashrt.bench.probe_ring_depth import timed
+    from flashrt.bench.probe_rows import read_us
+    from flashrt.bench.timing import copy_bandwidth_tbps
+    from flashrt.kernels import linear_mma_gluon, ops, ring_layout
+
+    start = time.monotonic()
+    result = {**provenance(), "copy_TBps": copy_bandwidth_tbps(), "rows": []}
+    for shape, w, ring, x, config in tuned_ring_cases(tokens):
+        if deadline_s is not None and time.monotonic() - start > deadline_s:
+            print("deadline: stopping", flush=True)
+            break
+        (m, k), n = x.shape, w.shape[0]
+        ref = ops.linear_reference(x, w)
+        cfg = {**config, "LAYOUT": ring_layout.RING}
+        operands = (x, ring, w.scales, w.global_scale, None)
+        arms = {"ring": lambda o, c=cfg, a=operands: linear_mma_gluon.launch(*a, o, c, True)}
+        arms |= arms_for(cfg, operands)
+        row = {"shape": shape, "N": n, "K": k, "M": m, "config": config, "arms": {}}
+        out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
+        for arm, run in arms.items():
+            row["arms"][arm] = figure = timed(functools.partial(run, out), out, ref)
+            print(f"{shape:14s} M={m:2d} {arm:16s} {json.dumps(figure)}", flush=True)
+        if m == 1:
+            row["read_us"], row["read_tiling"] = read_us(w)
+        result["rows"].append(row)
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+
+
 def run_arm(arm: str, path: str) -> None:
     """One arm, every shape and token count: microseconds (``ops._time_us``)."""
     patch(arm)

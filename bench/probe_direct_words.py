@@ -28,8 +28,6 @@ lost to two: the words in flight hold the registers that would keep more warps' 
 
 from __future__ import annotations
 
-import functools
-import json
 import sys
 
 import torch
@@ -184,34 +182,17 @@ def launch(x, packed, scales, global_scale, bias, out, config: dict) -> torch.Te
 
 
 def main(path: str) -> None:
-    from flashrt.bench.kernels import provenance
-    from flashrt.bench.probe_decode_cost import tuned_ring_cases
-    from flashrt.bench.probe_ring_depth import timed
-    from flashrt.bench.probe_rows import read_us
-    from flashrt.bench.timing import copy_bandwidth_tbps
-    from flashrt.kernels import linear_mma_gluon, ops, ring_layout
+    from flashrt.bench.probe_decode_cost import time_ring_arms
 
-    result = {**provenance(), "copy_TBps": copy_bandwidth_tbps(), "rows": []}
-    for shape, w, ring, x, config in tuned_ring_cases():
-        (m, k), n = x.shape, w.shape[0]
-        ref = ops.linear_reference(x, w)
-        cfg = {**config, "LAYOUT": ring_layout.RING}
-        operands = (x, ring, w.scales, w.global_scale, None)
-        arms = {"ring": lambda o, c=cfg, a=operands: linear_mma_gluon.launch(*a, o, c, True)}
+    def direct_arms(cfg: dict, operands: tuple) -> dict:
+        arms = {}
         for warps in sorted({cfg["WARPS"], 2, 4}):
             for ahead in AHEADS:
                 c = {**cfg, "WARPS": warps, "AHEAD": ahead}
                 arms[f"direct_w{warps}_a{ahead}"] = lambda o, c=c, a=operands: launch(*a, o, c)
-        row = {"shape": shape, "N": n, "K": k, "M": m, "config": config, "arms": {}}
-        out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
-        for arm, run in arms.items():
-            row["arms"][arm] = figure = timed(functools.partial(run, out), out, ref)
-            print(f"{shape:14s} M={m:2d} {arm:16s} {json.dumps(figure)}", flush=True)
-        if m == 1:
-            row["read_us"], row["read_tiling"] = read_us(w)
-        result["rows"].append(row)
-        with open(path, "w") as f:
-            json.dump(result, f, indent=1)
+        return arms
+
+    time_ring_arms(path, direct_arms)
 
 
 if __name__ == "__main__":
