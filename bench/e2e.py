@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 from flashrt.bench import cache_preference, decode_attention, gated_delta, merge, router_topk
 from flashrt.bench.kernels import provenance
-from flashrt.kernels import linear_mma_gluon, moe_fused, ops
+from flashrt.kernels import linear_mma_gluon, linear_mma_ws_gluon, moe_fused, ops
 from flashrt.runtime import SeatProfile, attach
 from flashrt.runtime.profile import from_env
 from flashrt.runtime.seats import _is_expert_bank, _with_band
@@ -834,6 +834,7 @@ def _on_gpus(names: list[str], args, out: Path, result: dict) -> None:
     rest += ["--profile-batches", args.profile_batches]
     rest += ["--no-compile"] if args.no_compile else []
     rest += ["--cache-preference", args.cache_preference, "--split-sum", args.split_sum]
+    rest += ["--mma-ws"] if args.mma_ws else []
     rest += ["--inductor-pdl", args.inductor_pdl] if args.inductor_pdl else []
     rest += ["--pdl-arms", args.pdl_arms]
     queues = [names[i::gpus] for i in range(gpus)]
@@ -876,6 +877,11 @@ def main(argv: list[str] | None = None) -> int:
         "the last split of each tile (linear_mma_gluon.FOLD_SPLITS)",
     )
     parser.add_argument(
+        "--mma-ws",
+        action="store_true",
+        help="offer the ring form with TMA slots, warp-specialized, to the adjudicator (linear_mma_ws_gluon.OFFERED)",
+    )
+    parser.add_argument(
         "--inductor-pdl",
         choices=("on", "off"),
         default=None,
@@ -897,6 +903,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cache_preference == "none":
         cache_preference.reset_on_load(cache_preference.PREFER_NONE)
     linear_mma_gluon.FOLD_SPLITS = args.split_sum == "fold"
+    linear_mma_ws_gluon.OFFERED = linear_mma_ws_gluon.OFFERED or args.mma_ws
     from torch._inductor import config as inductor
 
     has_pdl = hasattr(inductor.triton, "enable_pdl")
@@ -914,6 +921,7 @@ def main(argv: list[str] | None = None) -> int:
         "generated_tokens": GENERATED,
         "cache_preference": args.cache_preference,
         "split_sum": args.split_sum,
+        "mma_ws_offered": linear_mma_ws_gluon.OFFERED,
         "inductor_pdl": inductor_pdl,
         "pdl_arms": args.pdl_arms if inductor_pdl else "off",
         "router_logits_max_tokens": router_topk.LOGITS_MAX_TOKENS,

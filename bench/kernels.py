@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from flashrt.bench import merge
 from flashrt.bench.timing import copies_for, copy_bandwidth_tbps, eager_us, graph_us
-from flashrt.kernels import moe_fused, moe_ring_gluon, nvfp4, ops
+from flashrt.kernels import linear_mma_ws_gluon, moe_fused, moe_ring_gluon, nvfp4, ops
 from flashrt.kernels.nvfp4 import NVFP4Weight
 from flashrt.kernels.tuning import TUNER
 
@@ -426,6 +426,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--moe-tokens", default=None, help="comma-separated T for the expert bank (the band sweep)")
     parser.add_argument("--tokens", default=None, help="comma-separated M for the linear layers")
     parser.add_argument("--shapes", default=None, help="comma-separated linear layer names (default: all)")
+    parser.add_argument(
+        "--mma-ws",
+        action="store_true",
+        help="offer the ring form with TMA slots, warp-specialized, to the adjudicator (linear_mma_ws_gluon.OFFERED)",
+    )
     args = parser.parse_args(argv)
     if args.merge is not None:
         merged = merged_result([Path(p) for p in args.merge] or DEFAULT_RESULTS)
@@ -448,7 +453,8 @@ def main(argv: list[str] | None = None) -> int:
     if not shapes:
         print(f"--shapes {args.shapes}: none of {', '.join(s[0] for s in LINEAR_SHAPES)}")
         return 2
-    result = provenance()
+    linear_mma_ws_gluon.OFFERED = linear_mma_ws_gluon.OFFERED or args.mma_ws
+    result = provenance() | {"mma_ws_offered": linear_mma_ws_gluon.OFFERED}
     bw = copy_bandwidth_tbps()
     result["copy_TBps"] = bw
     print(

@@ -67,21 +67,24 @@ def patch(arm: str) -> None:
 
 
 def tuned_ring_cases(tokens=TOKENS):
-    """``(shape, weight, its bytes in ring_layout, activations, config)`` for each of ``SHAPES``
-    at each of ``tokens`` that the H200 serves with the ring form, in its tuned config
-    (``bench/tuning``); random operands, the same every run."""
+    """``(shape, weight, its bytes in ring_layout, activations, config)`` at each of ``tokens``
+    (in that order: a run cut short loses the last) for each of ``SHAPES`` that the H200 serves
+    with the ring form there, in its tuned config (``bench/tuning``); random operands, the same
+    every run."""
     import torch
     from flashrt.bench.probe_warps import tuned
     from flashrt.kernels import nvfp4, ring_layout
 
     torch.manual_seed(0)
+    weights = {}
     for shape, (n, k) in SHAPES.items():
         w = nvfp4.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16))
-        ring = ring_layout.pack(w.packed)
-        for m in tokens:
+        weights[shape] = w, ring_layout.pack(w.packed)
+    for m in tokens:
+        for shape, (n, k) in SHAPES.items():
             form, config = tuned(m, n, k) or (None, None)
             if form == "mma_gluon":
-                yield shape, w, ring, torch.randn(m, k, device="cuda", dtype=torch.bfloat16), config
+                yield shape, *weights[shape], torch.randn(m, k, device="cuda", dtype=torch.bfloat16), config
 
 
 def time_ring_arms(path: str, arms_for, tokens=TOKENS, deadline_s: float | None = None) -> None:
@@ -89,7 +92,8 @@ def time_ring_arms(path: str, arms_for, tokens=TOKENS, deadline_s: float | None 
     the arms ``arms_for(config, operands)`` adds (name -> run on ``out``; the config in the ring
     layout, operands ``x, ring words, scales, global scale, bias``), each checked against the
     reference, then timed (``probe_ring_depth.timed``); at one token the read-only floor too.
-    The JSON is rewritten after each row, and no row starts past ``deadline_s``."""
+    A row's kernels are compiled together first (``tuning.compile_ahead``). The JSON is
+    rewritten after each row, and no row starts past ``deadline_s``."""
     import functools
     import json
     import time
@@ -100,6 +104,7 @@ def time_ring_arms(path: str, arms_for, tokens=TOKENS, deadline_s: float | None 
     from flashrt.bench.probe_rows import read_us
     from flashrt.bench.timing import copy_bandwidth_tbps
     from flashrt.kernels import linear_mma_gluon, ops, ring_layout
+    from flashrt.kernels.tuning import compile_ahead
 
     start = time.monotonic()
     result = {**provenance(), "copy_TBps": copy_bandwidth_tbps(), "rows": []}
@@ -115,6 +120,7 @@ def time_ring_arms(path: str, arms_for, tokens=TOKENS, deadline_s: float | None 
         arms |= arms_for(cfg, operands)
         row = {"shape": shape, "N": n, "K": k, "M": m, "config": config, "arms": {}}
         out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
+        compile_ahead([functools.partial(run, out) for run in arms.values()])
         for arm, run in arms.items():
             row["arms"][arm] = figure = timed(functools.partial(run, out), out, ref)
             print(f"{shape:14s} M={m:2d} {arm:16s} {json.dumps(figure)}", flush=True)

@@ -72,17 +72,29 @@ def served_ring_build(m: int, n: int, k: int):
     """The ``linear_mma_gluon`` build of the H200's committed choice for ``[m, k] @ [n, k]^T``
     in the ring layout, as ``build.builds()`` makes it (no PDL, no folded split)."""
     from flashrt.bench.probe_warps import tuned
-    from flashrt.kernels import build
 
     form, config = tuned(m, n, k) or (None, None)
     if form != "mma_gluon":
         raise ValueError(f"M={m} N={n} K={k}: the H200 serves {form}, not the ring form")
-    want = {"CHUNKS": 1, "SPLIT_K": 1, **config, "LAYOUT": 1, "PDL": False, "FOLD": False}
-    want["SPLIT_K"] = min(want["SPLIT_K"], 2)  # every split compiles alike (build._split_build)
+    return find_build("linear_mma_gluon", **{"CHUNKS": 1, "SPLIT_K": 1, **config, "FOLD": False})
+
+
+def find_build(name: str, maxnreg: int | None = None, **constexprs):
+    """The first of ``build.builds()`` of kernel ``name`` with ``constexprs`` (in the ring layout
+    and without PDL unless they say otherwise; a split as 2, which every split compiles as) and,
+    where given, the register cap ``maxnreg``."""
+    from flashrt.kernels import build
+
+    want = {"LAYOUT": 1, "PDL": False, **constexprs}
+    want["SPLIT_K"] = min(want.get("SPLIT_K", 1), 2)  # every split compiles alike (build._split_build)
     for b in build.builds():
-        if b.name == "linear_mma_gluon" and all(b.constexprs.get(key) == v for key, v in want.items()):
+        if (
+            b.name == name
+            and maxnreg in (None, b.maxnreg)
+            and all(b.constexprs.get(key) == v for key, v in want.items())
+        ):
             return b
-    raise ValueError(f"no build of the ring form has {want}")
+    raise ValueError(f"no build of {name} has {want}" + (f" and maxnreg={maxnreg}" if maxnreg else ""))
 
 
 def main() -> None:

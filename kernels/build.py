@@ -2,13 +2,14 @@
 
 Triton compiles to a cubin for a GPU it does not have (``GPUTarget``), with the ptxas it ships,
 so a machine without a GPU proves that nothing offered on sm_90, sm_100, sm_110 or sm_120 fails
-to build. ``builds()`` enumerates (kernel, signature, constexprs). All of them, 1149 a target
-and 1375 for sm_90 (``Build.targets``: the ``wgmma`` forms are sm_90's; the ring forms and the
+to build. ``builds()`` enumerates (kernel, signature, constexprs). All of them, 1696 a target
+and 1922 for sm_90 (``Build.targets``: the ``wgmma`` forms are sm_90's; the ring forms and the
 dequant each twice, for the checkpoint's layout and ``ring_layout``'s, the ring forms' split
 launches twice more, summed by a reduce or folded, and the decode ring form and the ring
 expert downs with PDL and without), take hours of one CPU core for the four targets (at c866faf
 341 took 34 minutes; at 6b01d1d, on sm_100, the 64 builds of ``linear_mma`` were 266 s of 592);
-CI builds ``pairwise(builds())`` instead, 151 a target and 177 for sm_90.
+CI builds ``pairwise(builds())`` instead, 182 a target and 207 for sm_90 (a warp-specialized
+kernel's register cap is one of the settings covered).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from flashrt.kernels import (
     linear_gemv_gluon,
     linear_mma,
     linear_mma_gluon,
+    linear_mma_ws_gluon,
     linear_w4a4,
     linear_wgmma_gluon,
     linear_wgmma_ws_gluon,
@@ -406,6 +408,26 @@ def _ws_signature(block_m: int, warps: int) -> dict:
     return sig | {"M": "i32", "N": "i32", "K": "i32", "stride_om": "i32"}
 
 
+@functools.cache
+def _mma_ws_signature(block_m: int, warps: int, chunks: int) -> dict:
+    """``linear_mma_ws_gluon``'s arguments as a launch passes them, its descriptors typed as
+    Triton specializes them (from ``descriptors`` over unallocated host tensors of Llama's
+    gate_up); only the tile and the chunks shape them."""
+    import torch
+    from triton.backends.nvidia.compiler import CUDABackend
+    from triton.runtime.jit import native_specialize_impl
+
+    x, words = torch.empty(block_m, 4096, dtype=torch.bfloat16), torch.empty(28672, 512, dtype=torch.int32)
+    config = {"BLOCK_M": block_m, "WARPS": warps, "CHUNKS": chunks}
+    descs = linear_mma_ws_gluon.descriptors(x, words, torch.empty(28672, 64, dtype=torch.int32), config)
+    names = ("words_desc", "scales_desc", "x_desc")
+    sig = {
+        name: native_specialize_impl(CUDABackend, d, False, True, True)[0] for name, d in zip(names, descs, strict=True)
+    }
+    sig |= {"global_scale_ptr": "*fp32", "bias_ptr": "*bf16", "out_ptr": "*bf16"}
+    return sig | {"M": "i32", "N": "i32", "K": "i32", "stride_om": "i32"}
+
+
 def _one_token(m: int) -> dict:
     """A launch at one token as Triton compiles it: an integer argument equal to 1 becomes the
     constant 1, on which ``.to()`` and the like do not exist. The ring forms' builds at one token
@@ -417,7 +439,7 @@ def builds() -> Iterator[Build]:
     seen = set()
 
     def unique(b: Build) -> Iterator[Build]:
-        key = (b.name, tuple(sorted(b.constexprs.items())), b.num_warps, b.num_stages)
+        key = (b.name, tuple(sorted(b.constexprs.items())), b.num_warps, b.num_stages, b.maxnreg)
         if key not in seen:
             seen.add(key)
             yield b
@@ -469,6 +491,15 @@ def builds() -> Iterator[Build]:
             sig, consts = _split_build(signature, consts, cfg.get("SPLIT_K", 1))
             fn, cap = linear_wgmma_ws_gluon.nvfp4_linear_wgmma_ws_gluon_kernel, linear_wgmma_ws_gluon.registers(cfg)
             yield from unique(Build("linear_wgmma_ws_gluon", fn, sig, consts, cfg["WARPS"], 1, (90,), cap))
+        for cfg, layout, pdl in product(
+            linear_mma_ws_gluon.tile_configs(m, 4096, 4096), linear_mma_ws_gluon.LAYOUTS, (False, True)
+        ):
+            tile = {k: cfg[k] for k in ("BLOCK_M", "WARPS", "STAGES")} | {"CHUNKS": cfg.get("CHUNKS", 1)}
+            consts = {"HAS_BIAS": False, "LAYOUT": layout, "PDL": pdl} | tile | _one_token(m)
+            signature = _mma_ws_signature(cfg["BLOCK_M"], cfg["WARPS"], tile["CHUNKS"])
+            sig, consts = _split_build(signature, consts, cfg.get("SPLIT_K", 1))
+            fn, cap = linear_mma_ws_gluon.nvfp4_linear_mma_ws_gluon_kernel, linear_mma_ws_gluon.registers(cfg)
+            yield from unique(Build("linear_mma_ws_gluon", fn, sig, consts, cfg["WARPS"], 1, maxnreg=cap))
     for layout, pdl in product(linear_wgmma_gluon.LAYOUTS, (False, True)):
         consts = {"ROWS": permute_steps.ROWS, "V": permute_steps.V, "LAYOUT": layout, "PDL": pdl}
         fn = permute_steps.permute_steps_kernel
@@ -620,6 +651,7 @@ def _attention_builds() -> Iterator[Build]:
 def _settings(b: Build) -> set[tuple]:
     """Each single setting of a build and each two of them together."""
     single = [*sorted(b.constexprs.items()), ("num_warps", b.num_warps), ("num_stages", b.num_stages)]
+    single += [("maxnreg", b.maxnreg)] if b.maxnreg else []
     return {(s,) for s in single} | set(combinations(single, 2))
 
 

@@ -17,6 +17,7 @@ from flashrt.kernels import (
     linear_gemv_gluon,
     linear_mma,
     linear_mma_gluon,
+    linear_mma_ws_gluon,
     linear_w4a4,
     linear_wgmma_gluon,
     linear_wgmma_ws_gluon,
@@ -750,6 +751,154 @@ def test_decode_form_launched_with_pdl_reads_what_the_kernel_before_wrote(
         linear_mma_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, config, False)
 
     same_bits_eager_and_replayed(step, out, expected)
+
+
+@pytest.mark.skipif(
+    not ON_GPU or not linear_mma_ws_gluon.qualifies(torch.cuda.get_device_capability()),
+    reason="TMA, mbarriers and warp specialization: Hopper and Blackwell",
+)
+def test_ring_with_tma_slots_covers_the_ends_chunks_splits_and_pdl():
+    """``linear_mma_ws_gluon`` where its boxes reach past the operands (TMA fills zeros there):
+    1000 rows in 64- and 128-row programs, 1-64 tokens (one widened to two rows, 3 in a tile of 4
+    and, in chunks, of 8, 17 in one of 16), rows cut in 2 and 4 chunks, K split in 2 and in 3 (4
+    steps: uneven), rings deeper than a program's steps and rings that wrap, 1-3 programs an SM
+    (register caps 168, 128 and 80); bias, the output poisoned first. At 1-3 tokens also launched with
+    PDL while the kernel before it is still writing the activations, eagerly and replayed in a
+    CUDA graph: every bit the same. In a process of its own under a timeout: a wait on an
+    mbarrier that never completes hangs its GPU context, and the suite must still finish."""
+    import subprocess
+    import sys
+
+    code = """
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, globaltimer
+from flashrt.kernels import linear_mma_gluon, linear_mma_ws_gluon as form, nvfp4, ops, ring_layout
+
+
+@triton.jit
+def late_writer(src_ptr, dst_ptr, ns, n, BLOCK: tl.constexpr):
+    gdc_launch_dependents()
+    start = globaltimer()
+    while globaltimer() - start < ns:
+        pass
+    offs = tl.arange(0, BLOCK)
+    tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+cases = [
+    (1, 2048, {"BLOCK_M": 2}),
+    (1, 4096, {"BLOCK_M": 4, "CHUNKS": 4}),
+    (1, 4096, {"BLOCK_M": 2, "CHUNKS": 2, "SPLIT_K": 2}),
+    (3, 4096, {"BLOCK_M": 4, "SPLIT_K": 2}),
+    (3, 1024, {"BLOCK_M": 8, "CHUNKS": 2}),
+    (17, 2048, {"BLOCK_M": 16}),
+    (64, 1024, {"BLOCK_M": 64, "SPLIT_K": 3}),
+]
+shapes = [(4, 4, 2), (4, 6, 3), (8, 3, 1)]
+n, checked = 1000, 0
+for m, k, tiling in cases:
+    w = nvfp4.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16))
+    ring = ring_layout.pack(w.packed)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    ref = ops.linear_reference(x, w, bias).double()
+    for warps, stages, programs in shapes:
+        config = {**tiling, "WARPS": warps, "STAGES": stages, "PROGRAMS": programs, "LAYOUT": ring_layout.RING}
+        if not form.fits(config):
+            continue
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        form.launch(x, ring, w.scales, w.global_scale, bias, out, config, False)
+        torch.cuda.synchronize()
+        err = ((out.double() - ref).norm() / ref.norm()).item()
+        assert err < 1e-2, (m, k, config, err)
+        if m <= 3:
+            linear_mma_gluon.PDL_LAUNCH = True
+            late, chained = torch.empty_like(x), torch.empty_like(out)
+
+            def step():
+                late.fill_(float("nan"))
+                late_writer[(1,)](x, late, 50_000, m * k, BLOCK=1 << (m * k - 1).bit_length())
+                form.launch(late, ring, w.scales, w.global_scale, bias, chained, config, False)
+
+            step()
+            assert torch.equal(chained, out), ("PDL, eager", m, k, config)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                step()
+            chained.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(chained, out), ("PDL, replayed", m, k, config)
+            linear_mma_gluon.PDL_LAUNCH = None
+        checked += 1
+        print("ok", m, k, sorted(config.items()), f"{err:.2e}", flush=True)
+print("all", checked)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "all 17" in done.stdout, done.stdout
+
+
+def test_the_ring_with_tma_slots_is_offered_only_when_asked_and_launched_on_the_ring_s_tiles(monkeypatch, device):
+    """``linear_mma_ws_gluon``, what CI can check without a GPU. Not offered unless ``OFFERED``
+    (no GPU has timed it yet); then for weights in ``ring_layout`` on compute capability 9 and
+    up, up to the ring form's 128 tokens: the ring form's token tiles (two token rows at least),
+    rows in chunks where the tokens leave MMA columns empty, and splits, in each of ``SHAPES``
+    whose rings fit an SM together. The launcher hands the kernel TMA boxes of one ring step of
+    one program (rows and tokens in chunks), the ring form's grid, the register cap that
+    ``PROGRAMS`` programs an SM leave, and, split, fp32 partials the reduce then sums; fp16, a
+    tile of partial tokens' chunks and an oversized ring are refused by name."""
+    import triton
+
+    monkeypatch.setattr(decode, "interpreted", lambda: False)  # what a compiled GPU is offered
+
+    def offered(m, capability=(9, 0), layout=ring_layout.RING):
+        return [c.params for c in ops.linear_candidates(m, 4096, 4096, capability, layout) if c.form == "mma_ws_gluon"]
+
+    assert not linear_mma_ws_gluon.OFFERED and offered(1) == []
+    monkeypatch.setattr(linear_mma_ws_gluon, "OFFERED", True)
+    one = offered(1)
+    assert one == linear_mma_ws_gluon.tile_configs(1, 4096, 4096) and offered(1, (10, 0)) == one
+    assert offered(1, (8, 0)) == [] and offered(1, layout=ring_layout.CHECKPOINT) == []
+    assert {(c["WARPS"], c["STAGES"], c["PROGRAMS"]) for c in one} == set(linear_mma_ws_gluon.SHAPES)
+    assert {(c.get("CHUNKS", 1), c["BLOCK_M"]) for c in one} == {(1, 2), (2, 2), (4, 4), (8, 8)}
+    assert {c["BLOCK_M"] for c in offered(16)} == {16} and not any("CHUNKS" in c for c in offered(16))
+    assert offered(129) == [] and linear_mma_ws_gluon.tile_configs(1, 4096, 4000) == []
+    assert all(linear_mma_ws_gluon.fits(c) for m in (1, 8, 64, 128) for c in offered(m))
+    assert {c["PROGRAMS"] for c in offered(64)} < {1, 2, 3}, "64-token rings: three do not fit an SM"
+
+    calls = []
+    monkeypatch.setattr(linear_mma_ws_gluon, "nvfp4_linear_mma_ws_gluon_kernel", _Recorder(calls))
+    monkeypatch.setattr(linear_mma, "splitk_reduce_kernel", _Recorder(calls, "reduce"))
+    q = nvfp4.quantize(torch.randn(1000, 2048, dtype=torch.bfloat16, device=device))
+    x = torch.randn(3, 2048, dtype=torch.bfloat16, device=device)
+    out = torch.zeros(3, 1000, dtype=torch.bfloat16, device=device)
+    chunked = {"BLOCK_M": 8, "CHUNKS": 2, "WARPS": 4, "STAGES": 4, "PROGRAMS": 2}
+    linear_mma_ws_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, chunked, False)
+    ((_, grid, args, kwargs),) = calls  # one launch: no reduce
+    assert grid == (triton.cdiv(2 * 1000, 64), 1, 1) and args[5] is out
+    words, scales, acts = args[:3]
+    assert (words.shape, words.block_shape) == ([1000, 2, 128], [32, 2, 32])
+    assert (scales.shape, scales.block_shape) == ([1000, 2, 16], [32, 2, 4])
+    assert (acts.shape, acts.block_shape) == ([3, 2, 16, 64], [4, 2, 4, 64])
+    assert (kwargs["maxnreg"], kwargs["num_warps"], kwargs["CHUNKS"], kwargs["SPLIT_K"]) == (128, 4, 2, 1)
+    calls.clear()
+    split = {"BLOCK_M": 4, "SPLIT_K": 2, "WARPS": 8, "STAGES": 3, "PROGRAMS": 1}
+    linear_mma_ws_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, split, False)
+    (_, grid, args, kwargs), (name, _, reduce_args, _) = calls
+    assert grid == (triton.cdiv(1000, 128), 1, 2) and args[5].shape == (2, 3, 1000) and args[5].dtype == torch.float32
+    assert name == "reduce" and reduce_args[0] is args[5] and reduce_args[3] is out
+    assert args[0].block_shape == [128, 1, 32] and kwargs["maxnreg"] == 168
+    with pytest.raises(ValueError, match="x must be bfloat16"):
+        linear_mma_ws_gluon.launch(x.half(), q.packed, q.scales, q.global_scale, None, out, chunked, False)
+    with pytest.raises(ValueError, match=r"BLOCK_M=4, CHUNKS=8.*whole tokens' chunks"):
+        linear_mma_ws_gluon.launch(
+            x, q.packed, q.scales, q.global_scale, None, out, chunked | {"BLOCK_M": 4, "CHUNKS": 8}, False
+        )
+    with pytest.raises(ValueError, match="its ring takes"):
+        linear_mma_ws_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, chunked | {"STAGES": 32}, False)
 
 
 @pytest.mark.skipif(

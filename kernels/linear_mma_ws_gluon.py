@@ -1,0 +1,316 @@
+"""Weight-only NVFP4 linear: the ring form with its slots filled by TMA, warp-specialized (Gluon).
+
+``mma_gluon``'s tiling, chunks, splits, decode and MMA (its own functions), its ring filled the
+way ``wgmma_ws_gluon`` fills its own: one producer warp copies each step's weight words, scale
+words and activations into a slot with three TMA copies under one mbarrier, and the MMA warps
+wait for the slot, load it into registers, release it and decode. Why: after its decode, what
+separates the ring form from a kernel that only reads the same bytes (Llama's gate_up at one
+token 19.73 us against 16.48, ``bench/probe_decode_cost.py``, 4140803) is how its slots are
+filled. There every thread computes the addresses of its 16-byte ``cp.async`` copies (64-bit
+adds), issues them (7 ``LDGSTS`` a step a thread at one token), counts them and meets the others
+at a CTA barrier. Here the MMA warps issue no copy and meet only among themselves: in the sm_90
+SASS (``bench/sass_loop.py``, the H200's Triton 3.6) one step of gate_up at one token is 306
+instructions with 2 barriers against the ring's 343 at 4 warps (337 at the 2 it is served with),
+and 329 against 378 at 16 tokens.
+
+The boxes land in the layouts the ring's loads already read: 128-byte swizzling XORs a row's
+16-byte chunk with the row, as ``linear_mma_gluon.words_shared_layout`` and the activations'
+swizzle do. The descriptors view the rows in chunks (``[N, CHUNKS, K / CHUNKS]`` and the like),
+so a box's rows are the ring's program rows ``CHUNKS n + c`` and its activation rows ``4 (CHUNKS
+t + c) + q`` in the ring's order; rows and tokens past the operands' ends arrive as zeros. A
+one-token tile loads two token rows: a one-row box in the swizzled layout does not build (Triton
+3.6: "Illegal shared layout"), and the MMA has 8 columns either way.
+
+``warp_specialize`` takes warpgroups: a program is 4 or 8 MMA warps and the producer's
+warpgroup, and the launch's register cap (``registers``) decides how many programs share an SM
+(``PROGRAMS``), where the ring form keeps several small programs' copies in flight. TMA slots
+cost no registers, so the ring can be deeper than ``cp.async``'s 2-4 stages.
+
+Not timed on a GPU yet, so not offered unless ``OFFERED`` (``--mma-ws`` on the ``kernels`` and
+``e2e`` benchmarks); ``bench/probe_tma_ring.py`` times its shapes against the served ring. A
+wait on an mbarrier that never completes hangs the GPU: its GPU test runs in a process of its own.
+"""
+
+from __future__ import annotations
+
+import torch
+from flashrt.kernels import linear_mma_gluon, linear_wgmma_gluon, ring_layout
+from flashrt.kernels.decode import cdiv, launch_pdl
+from flashrt.kernels.linear_mma import reduce_splits, split_ks, split_target
+from flashrt.kernels.linear_mma_gluon import (
+    BLOCK_K,
+    WORDS_PER_THREAD,
+    V,
+    _store_product,
+    _times_activations,
+    _weights_fragment,
+    acts_load_layout,
+    aligned_activations,
+    mma_tokens,
+    require_bf16,
+    words_layout,
+)
+from flashrt.kernels.linear_wgmma_ws_gluon import _PRODUCER_REGISTERS
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
+# Offered to the adjudicator: off until a GPU has timed it (``bench/probe_tma_ring.py``).
+OFFERED = False
+# (MMA warps, stages, programs an SM): 4 MMA warps at two and three programs an SM (register caps
+# 128 and 80; no spills at 80 in the sm_90 build), 4 and 6 stages, and 8 MMA warps at one.
+SHAPES = ((4, 4, 2), (4, 6, 2), (4, 4, 3), (8, 4, 1))
+# An SM's shared memory (sm_90, sm_100): a config whose programs' rings would not fit together is left out.
+SM_SHARED_BYTES = 228 << 10
+# Where the weight is in ``ring_layout``, the layout Hopper's seats hold (``ops.for_serving``).
+LAYOUTS = (ring_layout.RING,)
+
+# A row's step of weight words (32 words, 128 bytes) and a token's step of activations in four
+# 64-wide quarters (128 bytes each): 128-byte swizzling puts chunk c of row r at c ^ (r % 8), the
+# ring's own shared layouts. The scale words (16 bytes a row a step) go unswizzled, as the ring's.
+WORDS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=3)
+SCALES_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
+ACTS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
+
+
+@gluon.jit
+def _producer(
+    words_desc, scales_desc, x_desc, words_ring, scales_ring, x_ring, full, empty, row0, tok0, first, steps,
+    STAGES: gl.constexpr, PDL: gl.constexpr,
+):  # fmt: skip
+    """Step i into slot ``i % STAGES`` once the MMA warps have released it (a fresh mbarrier
+    passes the phase before its first). ``PDL``: the first ``STAGES`` steps' weights, which no
+    kernel writes, are copied before ``gdc_wait``, every activation copy after it."""
+    NBYTES: gl.constexpr = words_desc.block_type.nbytes + scales_desc.block_type.nbytes + x_desc.block_type.nbytes
+    primed = gl.minimum(steps, STAGES) if PDL else 0
+    for i in range(primed):  # fresh slots: nothing to wait for
+        mbarrier.expect(full.index(i), NBYTES)
+        _copy_weights(words_desc, scales_desc, words_ring, scales_ring, full.index(i), i, row0, first + i)
+    if PDL:
+        gdc_wait()
+    for i in range(steps):
+        slot = i % STAGES
+        bar = full.index(slot)
+        if i >= primed:
+            mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
+            mbarrier.expect(bar, NBYTES)
+            _copy_weights(words_desc, scales_desc, words_ring, scales_ring, bar, slot, row0, first + i)
+        _tma_load(x_desc, [tok0, 0, 4 * (first + i), 0], bar, x_ring.index(slot))
+
+
+@gluon.jit
+def _copy_weights(words_desc, scales_desc, words_ring, scales_ring, bar, slot, row0, at):
+    """Step ``at``'s weight words and scale words into ring slot ``slot``."""
+    _tma_load(words_desc, [row0, 0, 4 * V * at], bar, words_ring.index(slot))
+    _tma_load(scales_desc, [row0, 0, (V // 2) * at], bar, scales_ring.index(slot))
+
+
+@gluon.jit
+def _consumer(
+    words_ring, scales_ring, x_ring, full, empty, steps, BLOCK_M: gl.constexpr, WARPS: gl.constexpr,
+    STAGES: gl.constexpr, LAYOUT: gl.constexpr,
+):  # fmt: skip
+    """The MMA warps: each step's slot loaded into the ring form's registers and released before
+    its decode."""
+    BLOCK_N: gl.constexpr = 16 * WARPS
+    ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
+    SCALES: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, words_layout(1, WARPS)))
+    acc = gl.zeros([BLOCK_N, mma_tokens(BLOCK_M)], gl.float32, layout=ACC)
+    for i in range(steps):
+        slot = i % STAGES
+        mbarrier.wait(full.index(slot), (i // STAGES) & 1)
+        words = words_ring.index(slot).reshape([BLOCK_N, 4, V // 2, 2]).load(words_layout(1, WARPS))
+        scales = scales_ring.index(slot).reshape([BLOCK_N, 4]).load(SCALES)
+        x = x_ring.index(slot).reshape([4 * BLOCK_M, 8 * V]).load(acts_load_layout(BLOCK_M, WARPS))
+        mbarrier.arrive(empty.index(slot), count=1)
+        acc = _times_activations(acc, _weights_fragment(words, scales, WARPS, LAYOUT), x, BLOCK_M, WARPS, LAYOUT)
+    return (acc,)
+
+
+@gluon.jit
+def nvfp4_linear_mma_ws_gluon_kernel(
+    words_desc,
+    scales_desc,
+    x_desc,
+    global_scale_ptr,
+    bias_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    stride_om,
+    HAS_BIAS: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    WARPS: gl.constexpr,
+    STAGES: gl.constexpr,
+    SPLIT_K: gl.constexpr,
+    CHUNKS: gl.constexpr,
+    LAYOUT: gl.constexpr,
+    PDL: gl.constexpr = False,
+):
+    """``out = x @ W^T`` (+ bias) for a tile of ``16 WARPS`` program rows (weight rows, or chunks of
+    them) and ``BLOCK_M`` MMA columns (tokens, or their chunks), one split of K: the ring form's
+    product, its slots filled by the producer warp."""
+    BLOCK_N: gl.constexpr = 16 * WARPS
+    STEP_K: gl.constexpr = 32 * V
+    chunk_steps = K // CHUNKS // STEP_K
+    per_split = gl.cdiv(chunk_steps, SPLIT_K)
+    pid_n, pid_m, pid_k = gl.program_id(0), gl.program_id(1), gl.program_id(2)
+    first = pid_k * per_split
+    steps = gl.maximum(gl.minimum(per_split, chunk_steps - first), 0)
+
+    words_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N // CHUNKS, CHUNKS, 4 * V], words_desc.layout)
+    scales_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N // CHUNKS, CHUNKS, 4], scales_desc.layout)
+    x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M // CHUNKS, CHUNKS, 4, 8 * V], x_desc.layout)
+    full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(full.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+    (acc,) = gl.warp_specialize(
+        [
+            (_consumer, (words_ring, scales_ring, x_ring, full, empty, steps, BLOCK_M, WARPS, STAGES, LAYOUT)),
+            (
+                _producer,
+                (words_desc, scales_desc, x_desc, words_ring, scales_ring, x_ring, full, empty,
+                 pid_n * (BLOCK_N // CHUNKS), pid_m * (BLOCK_M // CHUNKS), first, steps, STAGES, PDL),
+            ),
+        ],
+        [1],
+        [_PRODUCER_REGISTERS],
+    )  # fmt: skip
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(full.index(s))
+        mbarrier.invalidate(empty.index(s))
+    if PDL:  # every read of the ring done: the next kernel may start (it waits before reading ``out``)
+        gdc_launch_dependents()
+    _store_product(
+        acc, pid_n, pid_m, pid_k, out_ptr, bias_ptr, global_scale_ptr, M, N, stride_om, HAS_BIAS, BLOCK_M, SPLIT_K,
+        CHUNKS, WARPS,
+    )  # fmt: skip
+
+
+def descriptors(x: torch.Tensor, words: torch.Tensor, scale_words: torch.Tensor, config: dict) -> tuple:
+    """TMA descriptors of the weight words ``[N, K/8]`` int32, the scale words ``[N, K/64]`` and
+    the activations ``[M, K]``, each viewed with its rows in ``CHUNKS`` chunks of K (the
+    activations' chunks also in 64-wide quarters), boxed as one ring step of one program."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    chunks = config.get("CHUNKS", 1)
+    n, m, k = words.shape[0], x.shape[0], x.shape[1]
+    rows = 16 * config["WARPS"] // chunks
+    chunk_words, chunk_scales, chunk_k = k // 8 // chunks, k // 64 // chunks, k // chunks
+    words_desc = TensorDescriptor(
+        words, [n, chunks, chunk_words], [words.stride(0), chunk_words, 1], [rows, chunks, 4 * WORDS_PER_THREAD],
+        WORDS_LAYOUT,
+    )  # fmt: skip
+    scales_desc = TensorDescriptor(
+        scale_words, [n, chunks, chunk_scales], [scale_words.stride(0), chunk_scales, 1], [rows, chunks, 4],
+        SCALES_LAYOUT,
+    )  # fmt: skip
+    x_desc = TensorDescriptor(
+        x, [m, chunks, chunk_k // 64, 64], [x.stride(0), chunk_k, 64, 1], [config["BLOCK_M"] // chunks, chunks, 4, 64],
+        ACTS_LAYOUT,
+    )  # fmt: skip
+    return words_desc, scales_desc, x_desc
+
+
+def registers(config: dict) -> int:
+    """The launch's register cap: ``PROGRAMS`` programs of the MMA warps and the producer's
+    warpgroup in the SM's 64K registers."""
+    threads = 32 * (config["WARPS"] + 4) * config["PROGRAMS"]
+    return min(255, 65536 // threads) // 8 * 8
+
+
+def ring_bytes(config: dict) -> int:
+    """Shared memory of a config's ring: a step's words and scale words (144 bytes a row) and
+    activations (512 bytes a token row), times the stages."""
+    return config["STAGES"] * (16 * config["WARPS"] * (4 * WORDS_PER_THREAD * 4 + 16) + config["BLOCK_M"] * BLOCK_K * 2)
+
+
+def launch(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    global_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    config: dict,
+    use_prmt: bool,
+) -> torch.Tensor:
+    """``out = x @ W^T`` (+ bias): the kernel, and its reduce where split. bf16 activations, K in
+    whole steps of every chunk; ``use_prmt`` is unused. Launched with PDL as the ring form is
+    (``linear_mma_gluon.PDL_LAUNCH``)."""
+    require_bf16("x", x)
+    linear_wgmma_gluon.refuse_oversized_ring(config, ring_bytes(config))
+    m, k = x.shape
+    n = packed.shape[0]
+    chunks = config.get("CHUNKS", 1)
+    if config["BLOCK_M"] % chunks or k % (chunks * BLOCK_K):
+        raise ValueError(
+            f"BLOCK_M={config['BLOCK_M']}, CHUNKS={chunks}, K={k}: the token tile must hold whole tokens' chunks "
+            f"and K whole {BLOCK_K}-wide steps a chunk"
+        )
+    x = aligned_activations(x)
+    words, scale_words = packed.view(torch.int32), scales.view(torch.uint8).view(torch.int32)
+    split = config.get("SPLIT_K", 1)
+    target = split_target(out, split)
+    pdl = launch_pdl(linear_mma_gluon.PDL_LAUNCH)
+    grid = (cdiv(chunks * n, 16 * config["WARPS"]), cdiv(chunks * m, config["BLOCK_M"]), split)
+    nvfp4_linear_mma_ws_gluon_kernel[grid](
+        *descriptors(x, words, scale_words, config), global_scale, bias if bias is not None else out, target, m, n,
+        k, out.stride(0), HAS_BIAS=bias is not None, BLOCK_M=config["BLOCK_M"], WARPS=config["WARPS"],
+        STAGES=config["STAGES"], SPLIT_K=split, CHUNKS=chunks, LAYOUT=config.get("LAYOUT", ring_layout.RING), PDL=pdl,
+        num_warps=config["WARPS"], maxnreg=registers(config), launch_pdl=pdl,
+    )  # fmt: skip
+    if split > 1:
+        reduce_splits(target, global_scale, bias, out, pdl)
+    return out
+
+
+def qualifies(capability: tuple[int, int] | None) -> bool:
+    """TMA, mbarriers and warp specialization: Hopper and Blackwell (built for sm_90-120 in CI)."""
+    from flashrt.kernels.decode import interpreted
+
+    return capability is not None and capability[0] >= 9 and not interpreted()
+
+
+def configs(m: int, n: int, k: int) -> list[dict]:
+    """Candidates for one shape where ``OFFERED`` (``tile_configs``), else none."""
+    from flashrt.kernels.decode import interpreted
+
+    if not OFFERED or interpreted():
+        return []
+    return tile_configs(m, n, k)
+
+
+def fits(config: dict) -> bool:
+    """A config whose ring fits a block and whose ``PROGRAMS`` rings fit an SM together."""
+    taken = ring_bytes(config)
+    return taken <= linear_mma_gluon.RING_BYTES and config["PROGRAMS"] * taken <= SM_SHARED_BYTES
+
+
+def tile_configs(m: int, n: int, k: int) -> list[dict]:
+    """The ring form's token tiles (``linear_mma_gluon.configs``: the smallest that holds the
+    batch, here at least two rows; under 8 tokens also rows cut in chunks, as many as fill the
+    MMA's 8 columns) in each of ``SHAPES``, with the splits that bring a launch to enough
+    programs (``linear_mma.split_ks``), whatever ``OFFERED`` says (``kernels/build.py`` builds
+    them)."""
+    if k % BLOCK_K or m > linear_mma_gluon.MAX_TOKENS:
+        return []
+    block_m = max(2, next(bm for bm in (1, 2, 4, 8, 16, 32, 64) if bm >= min(m, 64)))
+    out = []
+    for warps, stages, programs in SHAPES:
+        shape = {"WARPS": warps, "STAGES": stages, "PROGRAMS": programs}
+        base = {"BLOCK_M": block_m, **shape}
+        tiles = cdiv(n, 16 * warps) * cdiv(m, block_m)
+        offered = [base] + [{**base, "SPLIT_K": s} for s in split_ks(tiles, k, BLOCK_K)]
+        for chunks in linear_mma_gluon.CHUNKS:
+            if m * chunks <= 8 and k % (chunks * BLOCK_K) == 0:
+                lanes = next(bm for bm in (2, 4, 8) if bm >= m * chunks)
+                offered.append({"BLOCK_M": lanes, "CHUNKS": chunks, **shape})
+        out += [c for c in offered if fits(c)]
+    return out
