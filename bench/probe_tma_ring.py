@@ -7,7 +7,7 @@ straight into registers loses 2-3x. What is left of the ring's own cost is how i
 filled: each step every thread computes the addresses of its 16-byte copies, issues them
 (``LDGSTS``: 7 a step a thread at one token), counts them and meets the others at a CTA barrier.
 ``linear_mma_ws_gluon`` keeps the ring form's tiling, chunks, splits, decode and MMA and fills
-each slot with three TMA copies from one producer warp: 306 instructions a step of the MMA warps
+each slot with three TMA copies from one producer warp: 305 instructions a step of the MMA warps
 against the ring's 343 at 4 warps (gate_up at one token, sm_90 SASS, ``bench/sass_loop.py``).
 
 Filling the slots with TMA in the loop instead, one thread of the program issuing the copies

@@ -9,9 +9,9 @@ token 19.73 us against 16.48, ``bench/probe_decode_cost.py``, 4140803) is how it
 filled. There every thread computes the addresses of its 16-byte ``cp.async`` copies (64-bit
 adds), issues them (7 ``LDGSTS`` a step a thread at one token), counts them and meets the others
 at a CTA barrier. Here the MMA warps issue no copy and meet only among themselves: in the sm_90
-SASS (``bench/sass_loop.py``, the H200's Triton 3.6) one step of gate_up at one token is 306
+SASS (``bench/sass_loop.py``, the H200's Triton 3.6) one step of gate_up at one token is 305
 instructions with 2 barriers against the ring's 343 at 4 warps (337 at the 2 it is served with),
-and 329 against 378 at 16 tokens.
+and 328 against 379 at 16 tokens.
 
 The boxes land in the layouts the ring's loads already read: 128-byte swizzling XORs a row's
 16-byte chunk with the row, as ``linear_mma_gluon.words_shared_layout`` and the activations'
@@ -24,7 +24,10 @@ one-token tile loads two token rows: a one-row box in the swizzled layout does n
 ``warp_specialize`` takes warpgroups: a program is 4 or 8 MMA warps and the producer's
 warpgroup, and the launch's register cap (``registers``) decides how many programs share an SM
 (``PROGRAMS``), where the ring form keeps several small programs' copies in flight. TMA slots
-cost no registers, so the ring can be deeper than ``cp.async``'s 2-4 stages.
+cost no registers, so the ring can be deeper than ``cp.async``'s 2-4 stages. The programs are
+persistent: ``PROGRAMS`` an SM, each taking every so-many-th tile, its ring running on from one
+tile's steps into the next's (the producer fills the next tile's slots while the MMA warps store
+the last), so no program starts with an empty ring after the first.
 
 Not timed on a GPU yet, so not offered unless ``OFFERED`` (``--mma-ws`` on the ``kernels`` and
 ``e2e`` benchmarks); ``bench/probe_tma_ring.py`` times its shapes against the served ring. A
@@ -33,10 +36,12 @@ wait on an mbarrier that never completes hangs the GPU: its GPU test runs in a p
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from flashrt.kernels import linear_mma_gluon, linear_wgmma_gluon, ring_layout
 from flashrt.kernels.decode import cdiv, launch_pdl
-from flashrt.kernels.linear_mma import reduce_splits, split_ks, split_target
+from flashrt.kernels.linear_mma import SMS, reduce_splits, split_ks, split_target
 from flashrt.kernels.linear_mma_gluon import (
     BLOCK_K,
     WORDS_PER_THREAD,
@@ -77,28 +82,56 @@ ACTS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, 
 
 
 @gluon.jit
+def _tile(tile, n_tiles, m_tiles, chunk_steps, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, SPLIT_K: gl.constexpr,
+          CHUNKS: gl.constexpr):  # fmt: skip
+    """Tile ``tile``'s row tile, token tile and split (row tiles fastest), its first step and step
+    count (none past the last), and the first row and token of its boxes in the chunked views of
+    ``descriptors``."""
+    pid_n = tile % n_tiles
+    pid_m = (tile // n_tiles) % m_tiles
+    pid_k = tile // (n_tiles * m_tiles)
+    per_split = gl.cdiv(chunk_steps, SPLIT_K)
+    first = pid_k * per_split
+    steps = gl.maximum(gl.minimum(per_split, chunk_steps - first), 0)
+    return pid_n, pid_m, pid_k, first, steps, pid_n * (BLOCK_N // CHUNKS), pid_m * (BLOCK_M // CHUNKS)
+
+
+@gluon.jit
 def _producer(
-    words_desc, scales_desc, x_desc, words_ring, scales_ring, x_ring, full, empty, row0, tok0, first, steps,
-    STAGES: gl.constexpr, PDL: gl.constexpr,
+    words_desc, scales_desc, x_desc, words_ring, scales_ring, x_ring, full, empty, n_tiles, m_tiles, tiles,
+    chunk_steps, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SPLIT_K: gl.constexpr,
+    CHUNKS: gl.constexpr, PDL: gl.constexpr,
 ):  # fmt: skip
-    """Step i into slot ``i % STAGES`` once the MMA warps have released it (a fresh mbarrier
-    passes the phase before its first). ``PDL``: the first ``STAGES`` steps' weights, which no
-    kernel writes, are copied before ``gdc_wait``, every activation copy after it."""
+    """The program's tiles' steps, one after the other, into the ring: step ``it`` (counted across
+    tiles) into slot ``it % STAGES`` once the MMA warps have released it (a fresh mbarrier passes
+    the phase before its first). ``PDL``: the first tile's first ``STAGES`` steps' weights, which
+    no kernel writes, are copied before ``gdc_wait``, every activation copy after it."""
     NBYTES: gl.constexpr = words_desc.block_type.nbytes + scales_desc.block_type.nbytes + x_desc.block_type.nbytes
-    primed = gl.minimum(steps, STAGES) if PDL else 0
-    for i in range(primed):  # fresh slots: nothing to wait for
-        mbarrier.expect(full.index(i), NBYTES)
-        _copy_weights(words_desc, scales_desc, words_ring, scales_ring, full.index(i), i, row0, first + i)
+    primed = 0
     if PDL:
+        _, _, _, first, steps, row0, _ = _tile(
+            gl.program_id(0), n_tiles, m_tiles, chunk_steps, BLOCK_N, BLOCK_M, SPLIT_K, CHUNKS
+        )
+        primed = gl.minimum(steps, STAGES)
+        for i in range(primed):  # fresh slots: nothing to wait for
+            mbarrier.expect(full.index(i), NBYTES)
+            _copy_weights(words_desc, scales_desc, words_ring, scales_ring, full.index(i), i, row0, first + i)
         gdc_wait()
-    for i in range(steps):
-        slot = i % STAGES
-        bar = full.index(slot)
-        if i >= primed:
-            mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
-            mbarrier.expect(bar, NBYTES)
-            _copy_weights(words_desc, scales_desc, words_ring, scales_ring, bar, slot, row0, first + i)
-        _tma_load(x_desc, [tok0, 0, 4 * (first + i), 0], bar, x_ring.index(slot))
+    done = 0  # steps copied before this tile's
+    for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
+        _, _, _, first, steps, row0, tok0 = _tile(
+            tile, n_tiles, m_tiles, chunk_steps, BLOCK_N, BLOCK_M, SPLIT_K, CHUNKS
+        )
+        for it in range(done, done + steps):
+            slot = it % STAGES
+            bar = full.index(slot)
+            at = first + it - done
+            if it >= primed:
+                mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)
+                mbarrier.expect(bar, NBYTES)
+                _copy_weights(words_desc, scales_desc, words_ring, scales_ring, bar, slot, row0, at)
+            _tma_load(x_desc, [tok0, 0, 4 * at, 0], bar, x_ring.index(slot))
+        done += steps
 
 
 @gluon.jit
@@ -110,24 +143,34 @@ def _copy_weights(words_desc, scales_desc, words_ring, scales_ring, bar, slot, r
 
 @gluon.jit
 def _consumer(
-    words_ring, scales_ring, x_ring, full, empty, steps, BLOCK_M: gl.constexpr, WARPS: gl.constexpr,
-    STAGES: gl.constexpr, LAYOUT: gl.constexpr,
+    words_ring, scales_ring, x_ring, full, empty, n_tiles, m_tiles, tiles, chunk_steps, global_scale_ptr, bias_ptr,
+    out_ptr, M, N, stride_om, HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr, WARPS: gl.constexpr,
+    STAGES: gl.constexpr, SPLIT_K: gl.constexpr, CHUNKS: gl.constexpr, LAYOUT: gl.constexpr,
 ):  # fmt: skip
-    """The MMA warps: each step's slot loaded into the ring form's registers and released before
-    its decode."""
+    """The MMA warps, tile after tile: each step's slot loaded into the ring form's registers and
+    released before its decode, each tile's product stored as the ring form stores its own."""
     BLOCK_N: gl.constexpr = 16 * WARPS
     ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
     SCALES: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, words_layout(1, WARPS)))
-    acc = gl.zeros([BLOCK_N, mma_tokens(BLOCK_M)], gl.float32, layout=ACC)
-    for i in range(steps):
-        slot = i % STAGES
-        mbarrier.wait(full.index(slot), (i // STAGES) & 1)
-        words = words_ring.index(slot).reshape([BLOCK_N, 4, V // 2, 2]).load(words_layout(1, WARPS))
-        scales = scales_ring.index(slot).reshape([BLOCK_N, 4]).load(SCALES)
-        x = x_ring.index(slot).reshape([4 * BLOCK_M, 8 * V]).load(acts_load_layout(BLOCK_M, WARPS))
-        mbarrier.arrive(empty.index(slot), count=1)
-        acc = _times_activations(acc, _weights_fragment(words, scales, WARPS, LAYOUT), x, BLOCK_M, WARPS, LAYOUT)
-    return (acc,)
+    done = 0  # steps taken before this tile's
+    for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
+        pid_n, pid_m, pid_k, _, steps, _, _ = _tile(
+            tile, n_tiles, m_tiles, chunk_steps, BLOCK_N, BLOCK_M, SPLIT_K, CHUNKS
+        )
+        acc = gl.zeros([BLOCK_N, mma_tokens(BLOCK_M)], gl.float32, layout=ACC)
+        for it in range(done, done + steps):
+            slot = it % STAGES
+            mbarrier.wait(full.index(slot), (it // STAGES) & 1)
+            words = words_ring.index(slot).reshape([BLOCK_N, 4, V // 2, 2]).load(words_layout(1, WARPS))
+            scales = scales_ring.index(slot).reshape([BLOCK_N, 4]).load(SCALES)
+            x = x_ring.index(slot).reshape([4 * BLOCK_M, 8 * V]).load(acts_load_layout(BLOCK_M, WARPS))
+            mbarrier.arrive(empty.index(slot), count=1)
+            acc = _times_activations(acc, _weights_fragment(words, scales, WARPS, LAYOUT), x, BLOCK_M, WARPS, LAYOUT)
+        done += steps
+        _store_product(
+            acc, pid_n, pid_m, pid_k, out_ptr, bias_ptr, global_scale_ptr, M, N, stride_om, HAS_BIAS, BLOCK_M,
+            SPLIT_K, CHUNKS, WARPS,
+        )  # fmt: skip
 
 
 @gluon.jit
@@ -151,16 +194,16 @@ def nvfp4_linear_mma_ws_gluon_kernel(
     LAYOUT: gl.constexpr,
     PDL: gl.constexpr = False,
 ):
-    """``out = x @ W^T`` (+ bias) for a tile of ``16 WARPS`` program rows (weight rows, or chunks of
-    them) and ``BLOCK_M`` MMA columns (tokens, or their chunks), one split of K: the ring form's
-    product, its slots filled by the producer warp."""
+    """``out = x @ W^T`` (+ bias) in tiles of ``16 WARPS`` program rows (weight rows, or chunks of
+    them), ``BLOCK_M`` MMA columns (tokens, or their chunks) and one split of K, the ring form's,
+    each program taking every ``num_programs``-th tile (persistent: ``launch`` makes as many
+    programs as share the SMs at once, so the ring runs on from one tile into the next)."""
     BLOCK_N: gl.constexpr = 16 * WARPS
     STEP_K: gl.constexpr = 32 * V
     chunk_steps = K // CHUNKS // STEP_K
-    per_split = gl.cdiv(chunk_steps, SPLIT_K)
-    pid_n, pid_m, pid_k = gl.program_id(0), gl.program_id(1), gl.program_id(2)
-    first = pid_k * per_split
-    steps = gl.maximum(gl.minimum(per_split, chunk_steps - first), 0)
+    n_tiles = gl.cdiv(CHUNKS * N, BLOCK_N)
+    m_tiles = gl.cdiv(CHUNKS * M, BLOCK_M)
+    tiles = n_tiles * m_tiles * SPLIT_K
 
     words_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N // CHUNKS, CHUNKS, 4 * V], words_desc.layout)
     scales_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N // CHUNKS, CHUNKS, 4], scales_desc.layout)
@@ -170,14 +213,13 @@ def nvfp4_linear_mma_ws_gluon_kernel(
     for s in gl.static_range(STAGES):
         mbarrier.init(full.index(s), count=1)
         mbarrier.init(empty.index(s), count=1)
-    (acc,) = gl.warp_specialize(
+    gl.warp_specialize(
         [
-            (_consumer, (words_ring, scales_ring, x_ring, full, empty, steps, BLOCK_M, WARPS, STAGES, LAYOUT)),
-            (
-                _producer,
-                (words_desc, scales_desc, x_desc, words_ring, scales_ring, x_ring, full, empty,
-                 pid_n * (BLOCK_N // CHUNKS), pid_m * (BLOCK_M // CHUNKS), first, steps, STAGES, PDL),
-            ),
+            (_consumer, (words_ring, scales_ring, x_ring, full, empty, n_tiles, m_tiles, tiles, chunk_steps,
+                         global_scale_ptr, bias_ptr, out_ptr, M, N, stride_om, HAS_BIAS, BLOCK_M, WARPS, STAGES,
+                         SPLIT_K, CHUNKS, LAYOUT)),
+            (_producer, (words_desc, scales_desc, x_desc, words_ring, scales_ring, x_ring, full, empty, n_tiles,
+                         m_tiles, tiles, chunk_steps, BLOCK_N, BLOCK_M, STAGES, SPLIT_K, CHUNKS, PDL)),
         ],
         [1],
         [_PRODUCER_REGISTERS],
@@ -185,12 +227,8 @@ def nvfp4_linear_mma_ws_gluon_kernel(
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(full.index(s))
         mbarrier.invalidate(empty.index(s))
-    if PDL:  # every read of the ring done: the next kernel may start (it waits before reading ``out``)
+    if PDL:  # every tile stored: the next kernel may start
         gdc_launch_dependents()
-    _store_product(
-        acc, pid_n, pid_m, pid_k, out_ptr, bias_ptr, global_scale_ptr, M, N, stride_om, HAS_BIAS, BLOCK_M, SPLIT_K,
-        CHUNKS, WARPS,
-    )  # fmt: skip
 
 
 def descriptors(x: torch.Tensor, words: torch.Tensor, scale_words: torch.Tensor, config: dict) -> tuple:
@@ -216,6 +254,18 @@ def descriptors(x: torch.Tensor, words: torch.Tensor, scale_words: torch.Tensor,
         ACTS_LAYOUT,
     )  # fmt: skip
     return words_desc, scales_desc, x_desc
+
+
+def multiprocessors(device: torch.device) -> int:
+    """The SMs of ``device`` (an H200's 132 where it is not a GPU: what CI's launches are checked at)."""
+    if device.type != "cuda":
+        return SMS
+    return _multiprocessors(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _multiprocessors(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def registers(config: dict) -> int:
@@ -259,7 +309,8 @@ def launch(
     split = config.get("SPLIT_K", 1)
     target = split_target(out, split)
     pdl = launch_pdl(linear_mma_gluon.PDL_LAUNCH)
-    grid = (cdiv(chunks * n, 16 * config["WARPS"]), cdiv(chunks * m, config["BLOCK_M"]), split)
+    tiles = cdiv(chunks * n, 16 * config["WARPS"]) * cdiv(chunks * m, config["BLOCK_M"]) * split
+    grid = (min(tiles, config["PROGRAMS"] * multiprocessors(x.device)),)
     nvfp4_linear_mma_ws_gluon_kernel[grid](
         *descriptors(x, words, scale_words, config), global_scale, bias if bias is not None else out, target, m, n,
         k, out.stride(0), HAS_BIAS=bias is not None, BLOCK_M=config["BLOCK_M"], WARPS=config["WARPS"],

@@ -759,13 +759,15 @@ def test_decode_form_launched_with_pdl_reads_what_the_kernel_before_wrote(
 )
 def test_ring_with_tma_slots_covers_the_ends_chunks_splits_and_pdl():
     """``linear_mma_ws_gluon`` where its boxes reach past the operands (TMA fills zeros there):
-    1000 rows in 64- and 128-row programs, 1-64 tokens (one widened to two rows, 3 in a tile of 4
+    1000 rows in 64- and 128-row tiles, 1-64 tokens (one widened to two rows, 3 in a tile of 4
     and, in chunks, of 8, 17 in one of 16), rows cut in 2 and 4 chunks, K split in 2 and in 3 (4
-    steps: uneven), rings deeper than a program's steps and rings that wrap, 1-3 programs an SM
-    (register caps 168, 128 and 80); bias, the output poisoned first. At 1-3 tokens also launched with
-    PDL while the kernel before it is still writing the activations, eagerly and replayed in a
-    CUDA graph: every bit the same. In a process of its own under a timeout: a wait on an
-    mbarrier that never completes hangs its GPU context, and the suite must still finish."""
+    steps: uneven), rings deeper than a tile's steps and rings that wrap, 1-3 programs an SM
+    (register caps 168, 128 and 80); and 40000 rows, more tiles than the programs, so each takes
+    several and its ring runs on across them (split and chunked too); bias, the output poisoned
+    first. At 1-3 tokens also launched with PDL while the kernel before it is still writing the
+    activations, eagerly and replayed in a CUDA graph: every bit the same. In a process of its
+    own under a timeout: a wait on an mbarrier that never completes hangs its GPU context, and
+    the suite must still finish."""
     import subprocess
     import sys
 
@@ -775,6 +777,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, globaltimer
 from flashrt.kernels import linear_mma_gluon, linear_mma_ws_gluon as form, nvfp4, ops, ring_layout
+from flashrt.kernels.tuning import compile_ahead
 
 
 @triton.jit
@@ -788,57 +791,77 @@ def late_writer(src_ptr, dst_ptr, ns, n, BLOCK: tl.constexpr):
 
 
 cases = [
-    (1, 2048, {"BLOCK_M": 2}),
-    (1, 4096, {"BLOCK_M": 4, "CHUNKS": 4}),
-    (1, 4096, {"BLOCK_M": 2, "CHUNKS": 2, "SPLIT_K": 2}),
-    (3, 4096, {"BLOCK_M": 4, "SPLIT_K": 2}),
-    (3, 1024, {"BLOCK_M": 8, "CHUNKS": 2}),
-    (17, 2048, {"BLOCK_M": 16}),
-    (64, 1024, {"BLOCK_M": 64, "SPLIT_K": 3}),
+    (1, 1000, 2048, {"BLOCK_M": 2}),
+    (1, 1000, 4096, {"BLOCK_M": 4, "CHUNKS": 4}),
+    (1, 1000, 4096, {"BLOCK_M": 2, "CHUNKS": 2, "SPLIT_K": 2}),
+    (3, 1000, 4096, {"BLOCK_M": 4, "SPLIT_K": 2}),
+    (3, 1000, 1024, {"BLOCK_M": 8, "CHUNKS": 2}),
+    (17, 1000, 2048, {"BLOCK_M": 16}),
+    (64, 1000, 1024, {"BLOCK_M": 64, "SPLIT_K": 3}),
+    (1, 40000, 2048, {"BLOCK_M": 2}),
+    (3, 40000, 2048, {"BLOCK_M": 4, "CHUNKS": 2, "SPLIT_K": 2}),
 ]
 shapes = [(4, 4, 2), (4, 6, 3), (8, 3, 1)]
-n, checked = 1000, 0
-for m, k, tiling in cases:
+runs = []
+for m, n, k, tiling in cases:
     w = nvfp4.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16))
-    ring = ring_layout.pack(w.packed)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    ref = ops.linear_reference(x, w, bias).double()
+    operands = (w, ring_layout.pack(w.packed), x, bias, ops.linear_reference(x, w, bias).double())
     for warps, stages, programs in shapes:
         config = {**tiling, "WARPS": warps, "STAGES": stages, "PROGRAMS": programs, "LAYOUT": ring_layout.RING}
-        if not form.fits(config):
-            continue
-        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        if form.fits(config):
+            runs.append((m, n, k, config, operands))
+
+
+def launch(x, config, operands, out, pdl=False):
+    w, ring, _, bias, _ = operands
+    linear_mma_gluon.PDL_LAUNCH = pdl or None
+    try:
         form.launch(x, ring, w.scales, w.global_scale, bias, out, config, False)
-        torch.cuda.synchronize()
-        err = ((out.double() - ref).norm() / ref.norm()).item()
-        assert err < 1e-2, (m, k, config, err)
-        if m <= 3:
-            linear_mma_gluon.PDL_LAUNCH = True
-            late, chained = torch.empty_like(x), torch.empty_like(out)
+    finally:
+        linear_mma_gluon.PDL_LAUNCH = None
 
-            def step():
-                late.fill_(float("nan"))
-                late_writer[(1,)](x, late, 50_000, m * k, BLOCK=1 << (m * k - 1).bit_length())
-                form.launch(late, ring, w.scales, w.global_scale, bias, chained, config, False)
 
+def scratch(m, n):
+    return torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+
+
+compile_ahead(
+    [lambda r=r, p=p: launch(r[4][2], r[3], r[4], scratch(r[0], r[1]), p) for r in runs for p in (False, r[0] <= 3)]
+)
+checked = 0
+for m, n, k, config, operands in runs:
+    x, ref = operands[2], operands[4]
+    out = scratch(m, n)
+    launch(x, config, operands, out)
+    torch.cuda.synchronize()
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    assert err < 1e-2, (m, n, k, config, err)
+    if m <= 3:
+        late, chained = torch.empty_like(x), torch.empty_like(out)
+
+        def step():
+            late.fill_(float("nan"))
+            late_writer[(1,)](x, late, 50_000, m * k, BLOCK=1 << (m * k - 1).bit_length())
+            launch(late, config, operands, chained, pdl=True)
+
+        step()
+        assert torch.equal(chained, out), ("PDL, eager", m, n, k, config)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
             step()
-            assert torch.equal(chained, out), ("PDL, eager", m, k, config)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                step()
-            chained.fill_(float("nan"))
-            graph.replay()
-            torch.cuda.synchronize()
-            assert torch.equal(chained, out), ("PDL, replayed", m, k, config)
-            linear_mma_gluon.PDL_LAUNCH = None
-        checked += 1
-        print("ok", m, k, sorted(config.items()), f"{err:.2e}", flush=True)
+        chained.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(chained, out), ("PDL, replayed", m, n, k, config)
+    checked += 1
+    print("ok", m, n, k, sorted(config.items()), f"{err:.2e}", flush=True)
 print("all", checked)
 """
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=360)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    assert "all 17" in done.stdout, done.stdout
+    assert "all 23" in done.stdout, done.stdout
 
 
 def test_the_ring_with_tma_slots_is_offered_only_when_asked_and_launched_on_the_ring_s_tiles(monkeypatch, device):
@@ -847,9 +870,10 @@ def test_the_ring_with_tma_slots_is_offered_only_when_asked_and_launched_on_the_
     up, up to the ring form's 128 tokens: the ring form's token tiles (two token rows at least),
     rows in chunks where the tokens leave MMA columns empty, and splits, in each of ``SHAPES``
     whose rings fit an SM together. The launcher hands the kernel TMA boxes of one ring step of
-    one program (rows and tokens in chunks), the ring form's grid, the register cap that
-    ``PROGRAMS`` programs an SM leave, and, split, fp32 partials the reduce then sums; fp16, a
-    tile of partial tokens' chunks and an oversized ring are refused by name."""
+    one program (rows and tokens in chunks), a program a tile of the ring form's, or as many as
+    ``PROGRAMS`` an SM where there are more tiles (each then takes every so-many-th), the
+    register cap that leaves them, and, split, fp32 partials the reduce then sums; fp16, a tile
+    of partial tokens' chunks and an oversized ring are refused by name."""
     import triton
 
     monkeypatch.setattr(decode, "interpreted", lambda: False)  # what a compiled GPU is offered
@@ -878,7 +902,7 @@ def test_the_ring_with_tma_slots_is_offered_only_when_asked_and_launched_on_the_
     chunked = {"BLOCK_M": 8, "CHUNKS": 2, "WARPS": 4, "STAGES": 4, "PROGRAMS": 2}
     linear_mma_ws_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, chunked, False)
     ((_, grid, args, kwargs),) = calls  # one launch: no reduce
-    assert grid == (triton.cdiv(2 * 1000, 64), 1, 1) and args[5] is out
+    assert grid == (triton.cdiv(2 * 1000, 64),) and args[5] is out  # a program a tile: fewer than the SMs hold
     words, scales, acts = args[:3]
     assert (words.shape, words.block_shape) == ([1000, 2, 128], [32, 2, 32])
     assert (scales.shape, scales.block_shape) == ([1000, 2, 16], [32, 2, 4])
@@ -888,9 +912,16 @@ def test_the_ring_with_tma_slots_is_offered_only_when_asked_and_launched_on_the_
     split = {"BLOCK_M": 4, "SPLIT_K": 2, "WARPS": 8, "STAGES": 3, "PROGRAMS": 1}
     linear_mma_ws_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, split, False)
     (_, grid, args, kwargs), (name, _, reduce_args, _) = calls
-    assert grid == (triton.cdiv(1000, 128), 1, 2) and args[5].shape == (2, 3, 1000) and args[5].dtype == torch.float32
+    assert grid == (triton.cdiv(1000, 128) * 2,) and args[5].shape == (2, 3, 1000) and args[5].dtype == torch.float32
     assert name == "reduce" and reduce_args[0] is args[5] and reduce_args[3] is out
     assert args[0].block_shape == [128, 1, 32] and kwargs["maxnreg"] == 168
+    calls.clear()
+    wide = nvfp4.quantize(torch.randn(3000, 2048, dtype=torch.bfloat16, device=device))
+    one = torch.randn(1, 2048, dtype=torch.bfloat16, device=device)
+    eighths = {"BLOCK_M": 8, "CHUNKS": 8, "WARPS": 4, "STAGES": 4, "PROGRAMS": 2}
+    linear_mma_ws_gluon.launch(one, wide.packed, wide.scales, wide.global_scale, None, out[:1, :0], eighths, False)
+    ((_, grid, _, _),) = calls
+    assert triton.cdiv(8 * 3000, 64) == 375 and grid == (2 * linear_mma.SMS,), "persistent: two programs an SM"
     with pytest.raises(ValueError, match="x must be bfloat16"):
         linear_mma_ws_gluon.launch(x.half(), q.packed, q.scales, q.global_scale, None, out, chunked, False)
     with pytest.raises(ValueError, match=r"BLOCK_M=4, CHUNKS=8.*whole tokens' chunks"):
