@@ -27,7 +27,7 @@ warpgroup, and the launch's register cap (``registers``) decides how many progra
 cost no registers, so the ring can be deeper than ``cp.async``'s 2-4 stages. The programs are
 persistent: ``PROGRAMS`` an SM, each taking every so-many-th tile, its ring running on from one
 tile's steps into the next's (the producer fills the next tile's slots while the MMA warps store
-the last), so no program starts with an empty ring after the first.
+the last): a program's ring fills once, not once a tile.
 
 Not timed on a GPU yet, so not offered unless ``OFFERED`` (``--mma-ws`` on the ``kernels`` and
 ``e2e`` benchmarks); ``bench/probe_tma_ring.py`` times its shapes against the served ring. A
