@@ -2,8 +2,8 @@
 
 Triton compiles to a cubin for a GPU it does not have (``GPUTarget``), with the ptxas it ships,
 so a machine without a GPU proves that nothing offered on sm_90, sm_100, sm_110 or sm_120 fails
-to build. ``builds()`` enumerates (kernel, signature, constexprs). All of them, 1696 a target
-and 1922 for sm_90 (``Build.targets``: the ``wgmma`` forms are sm_90's; the ring forms and the
+to build. ``builds()`` enumerates (kernel, signature, constexprs). All of them, 1836 a target
+and 2062 for sm_90 (``Build.targets``: the ``wgmma`` forms are sm_90's; the ring forms and the
 dequant each twice, for the checkpoint's layout and ``ring_layout``'s, the ring forms' split
 launches twice more, summed by a reduce or folded, and the decode ring form and the ring
 expert downs with PDL and without), take hours of one CPU core for the four targets (at c866faf

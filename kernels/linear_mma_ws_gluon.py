@@ -70,8 +70,9 @@ OFFERED = False
 SHAPES = ((4, 4, 2), (4, 6, 2), (4, 4, 3), (8, 4, 1))
 # An SM's shared memory (sm_90, sm_100): a config whose programs' rings would not fit together is left out.
 SM_SHARED_BYTES = 228 << 10
-# Where the weight is in ``ring_layout``, the layout Hopper's seats hold (``ops.for_serving``).
-LAYOUTS = (ring_layout.RING,)
+# The weight's bits as the checkpoint has them (Blackwell's and Thor's seats) or in ``ring_layout``
+# (Hopper's, ``ops.for_serving``), as the ring form reads them.
+LAYOUTS = linear_mma_gluon.LAYOUTS
 
 # A row's step of weight words (32 words, 128 bytes) and a token's step of activations in four
 # 64-wide quarters (128 bytes each): 128-byte swizzling puts chunk c of row r at c ^ (r % 8), the
@@ -314,7 +315,7 @@ def launch(
     nvfp4_linear_mma_ws_gluon_kernel[grid](
         *descriptors(x, words, scale_words, config), global_scale, bias if bias is not None else out, target, m, n,
         k, out.stride(0), HAS_BIAS=bias is not None, BLOCK_M=config["BLOCK_M"], WARPS=config["WARPS"],
-        STAGES=config["STAGES"], SPLIT_K=split, CHUNKS=chunks, LAYOUT=config.get("LAYOUT", ring_layout.RING), PDL=pdl,
+        STAGES=config["STAGES"], SPLIT_K=split, CHUNKS=chunks, LAYOUT=config.get("LAYOUT", ring_layout.CHECKPOINT), PDL=pdl,
         num_warps=config["WARPS"], maxnreg=registers(config), launch_pdl=pdl,
     )  # fmt: skip
     if split > 1:

@@ -758,7 +758,8 @@ def test_decode_form_launched_with_pdl_reads_what_the_kernel_before_wrote(
     reason="TMA, mbarriers and warp specialization: Hopper and Blackwell",
 )
 def test_ring_with_tma_slots_covers_the_ends_chunks_splits_and_pdl():
-    """``linear_mma_ws_gluon`` where its boxes reach past the operands (TMA fills zeros there):
+    """``linear_mma_ws_gluon`` where its boxes reach past the operands (TMA fills zeros there), on
+    weights in ``ring_layout`` and, at one token, in the checkpoint's (Blackwell's):
     1000 rows in 64- and 128-row tiles, 1-64 tokens (one widened to two rows, 3 in a tile of 4
     and, in chunks, of 8, 17 in one of 16), rows cut in 2 and 4 chunks, K split in 2 and in 3 (4
     steps: uneven), rings deeper than a tile's steps and rings that wrap, 1-3 programs an SM
@@ -772,6 +773,7 @@ def test_ring_with_tma_slots_covers_the_ends_chunks_splits_and_pdl():
     import sys
 
     code = """
+import itertools
 import torch
 import triton
 import triton.language as tl
@@ -808,17 +810,19 @@ for m, n, k, tiling in cases:
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     operands = (w, ring_layout.pack(w.packed), x, bias, ops.linear_reference(x, w, bias).double())
-    for warps, stages, programs in shapes:
-        config = {**tiling, "WARPS": warps, "STAGES": stages, "PROGRAMS": programs, "LAYOUT": ring_layout.RING}
+    layouts = (ring_layout.RING, ring_layout.CHECKPOINT) if m == 1 else (ring_layout.RING,)
+    for (warps, stages, programs), layout in itertools.product(shapes, layouts):
+        config = {**tiling, "WARPS": warps, "STAGES": stages, "PROGRAMS": programs, "LAYOUT": layout}
         if form.fits(config):
             runs.append((m, n, k, config, operands))
 
 
 def launch(x, config, operands, out, pdl=False):
     w, ring, _, bias, _ = operands
+    packed = ring if config["LAYOUT"] == ring_layout.RING else w.packed
     linear_mma_gluon.PDL_LAUNCH = pdl or None
     try:
-        form.launch(x, ring, w.scales, w.global_scale, bias, out, config, False)
+        form.launch(x, packed, w.scales, w.global_scale, bias, out, config, False)
     finally:
         linear_mma_gluon.PDL_LAUNCH = None
 
@@ -861,16 +865,17 @@ print("all", checked)
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=360)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    assert "all 23" in done.stdout, done.stdout
+    assert "all 35" in done.stdout, done.stdout
 
 
 def test_the_ring_with_tma_slots_is_offered_only_when_asked_and_launched_on_the_ring_s_tiles(monkeypatch, device):
     """``linear_mma_ws_gluon``, what CI can check without a GPU. Not offered unless ``OFFERED``
-    (no GPU has timed it yet); then for weights in ``ring_layout`` on compute capability 9 and
-    up, up to the ring form's 128 tokens: the ring form's token tiles (two token rows at least),
-    rows in chunks where the tokens leave MMA columns empty, and splits, in each of ``SHAPES``
-    whose rings fit an SM together. The launcher hands the kernel TMA boxes of one ring step of
-    one program (rows and tokens in chunks), a program a tile of the ring form's, or as many as
+    (no GPU has timed it yet); then on compute capability 9 and up, for weights in either layout
+    the ring form reads, up to its 128 tokens: the ring form's token tiles (two token rows at
+    least), rows in chunks where the tokens leave MMA columns empty, and splits, in each of
+    ``SHAPES`` whose rings fit an SM together. The launcher hands the kernel TMA boxes of one
+    ring step of one program (rows and tokens in chunks), the weight's layout (the checkpoint's
+    unless the config says otherwise), a program a tile of the ring form's, or as many as
     ``PROGRAMS`` an SM where there are more tiles (each then takes every so-many-th), the
     register cap that leaves them, and, split, fp32 partials the reduce then sums; fp16, a tile
     of partial tokens' chunks and an oversized ring are refused by name."""
@@ -885,7 +890,7 @@ def test_the_ring_with_tma_slots_is_offered_only_when_asked_and_launched_on_the_
     monkeypatch.setattr(linear_mma_ws_gluon, "OFFERED", True)
     one = offered(1)
     assert one == linear_mma_ws_gluon.tile_configs(1, 4096, 4096) and offered(1, (10, 0)) == one
-    assert offered(1, (8, 0)) == [] and offered(1, layout=ring_layout.CHECKPOINT) == []
+    assert offered(1, (8, 0)) == [] and offered(1, (10, 0), ring_layout.CHECKPOINT) == one, "Blackwell's layout too"
     assert {(c["WARPS"], c["STAGES"], c["PROGRAMS"]) for c in one} == set(linear_mma_ws_gluon.SHAPES)
     assert {(c.get("CHUNKS", 1), c["BLOCK_M"]) for c in one} == {(1, 2), (2, 2), (4, 4), (8, 8)}
     assert {c["BLOCK_M"] for c in offered(16)} == {16} and not any("CHUNKS" in c for c in offered(16))
@@ -908,13 +913,14 @@ def test_the_ring_with_tma_slots_is_offered_only_when_asked_and_launched_on_the_
     assert (scales.shape, scales.block_shape) == ([1000, 2, 16], [32, 2, 4])
     assert (acts.shape, acts.block_shape) == ([3, 2, 16, 64], [4, 2, 4, 64])
     assert (kwargs["maxnreg"], kwargs["num_warps"], kwargs["CHUNKS"], kwargs["SPLIT_K"]) == (128, 4, 2, 1)
+    assert kwargs["LAYOUT"] == ring_layout.CHECKPOINT
     calls.clear()
-    split = {"BLOCK_M": 4, "SPLIT_K": 2, "WARPS": 8, "STAGES": 3, "PROGRAMS": 1}
+    split = {"BLOCK_M": 4, "SPLIT_K": 2, "WARPS": 8, "STAGES": 3, "PROGRAMS": 1, "LAYOUT": ring_layout.RING}
     linear_mma_ws_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, split, False)
     (_, grid, args, kwargs), (name, _, reduce_args, _) = calls
     assert grid == (triton.cdiv(1000, 128) * 2,) and args[5].shape == (2, 3, 1000) and args[5].dtype == torch.float32
     assert name == "reduce" and reduce_args[0] is args[5] and reduce_args[3] is out
-    assert args[0].block_shape == [128, 1, 32] and kwargs["maxnreg"] == 168
+    assert args[0].block_shape == [128, 1, 32] and kwargs["maxnreg"] == 168 and kwargs["LAYOUT"] == ring_layout.RING
     calls.clear()
     wide = nvfp4.quantize(torch.randn(3000, 2048, dtype=torch.bfloat16, device=device))
     one = torch.randn(1, 2048, dtype=torch.bfloat16, device=device)
