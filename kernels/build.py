@@ -388,38 +388,19 @@ def _folds(cfg: dict) -> tuple[bool, ...]:
 
 
 @functools.cache
-def _ws_signature(block_m: int, warps: int) -> dict:
-    """The warp-specialized form's arguments as a launch passes them: its three TMA descriptors
-    typed as Triton specializes them (block shape and shared layout, from ``descriptors`` over
-    unallocated host tensors of Llama's gate_up at 512 tokens), then the pointers and sizes.
-    Only the tile shapes them, so once a tile (``builds()`` is walked by every build check)."""
+def _ws_signature(form, block_m: int, warps: int, chunks: int = 1) -> dict:
+    """A warp-specialized form's (``linear_wgmma_ws_gluon``, ``linear_mma_ws_gluon``) arguments
+    as a launch passes them: its three TMA descriptors typed as Triton specializes them (block
+    shape and shared layout, from the form's ``descriptors`` over unallocated host tensors of
+    Llama's gate_up at 512 tokens), then the pointers and sizes. Only the tile and the chunks
+    shape them, so once a tile (``builds()`` is walked by every build check)."""
     import torch
     from triton.backends.nvidia.compiler import CUDABackend
     from triton.runtime.jit import native_specialize_impl
 
     x, words = torch.empty(512, 4096, dtype=torch.bfloat16), torch.empty(28672, 512, dtype=torch.int32)
-    config = {"BLOCK_M": block_m, "WARPS": warps}
-    descs = linear_wgmma_ws_gluon.descriptors(x, words, torch.empty(28672, 64, dtype=torch.int32), config)
-    names = ("words_desc", "scales_desc", "x_desc")
-    sig = {
-        name: native_specialize_impl(CUDABackend, d, False, True, True)[0] for name, d in zip(names, descs, strict=True)
-    }
-    sig |= {"global_scale_ptr": "*fp32", "bias_ptr": "*bf16", "out_ptr": "*bf16"}
-    return sig | {"M": "i32", "N": "i32", "K": "i32", "stride_om": "i32"}
-
-
-@functools.cache
-def _mma_ws_signature(block_m: int, warps: int, chunks: int) -> dict:
-    """``linear_mma_ws_gluon``'s arguments as a launch passes them, its descriptors typed as
-    Triton specializes them (from ``descriptors`` over unallocated host tensors of Llama's
-    gate_up); only the tile and the chunks shape them."""
-    import torch
-    from triton.backends.nvidia.compiler import CUDABackend
-    from triton.runtime.jit import native_specialize_impl
-
-    x, words = torch.empty(block_m, 4096, dtype=torch.bfloat16), torch.empty(28672, 512, dtype=torch.int32)
     config = {"BLOCK_M": block_m, "WARPS": warps, "CHUNKS": chunks}
-    descs = linear_mma_ws_gluon.descriptors(x, words, torch.empty(28672, 64, dtype=torch.int32), config)
+    descs = form.descriptors(x, words, torch.empty(28672, 64, dtype=torch.int32), config)
     names = ("words_desc", "scales_desc", "x_desc")
     sig = {
         name: native_specialize_impl(CUDABackend, d, False, True, True)[0] for name, d in zip(names, descs, strict=True)
@@ -487,7 +468,7 @@ def builds() -> Iterator[Build]:
         for cfg, layout, pdl in ws_settings:  # PDL both ways: its chain is a probe (``PDL_CHAIN``)
             tile = {k: cfg[k] for k in ("BLOCK_M", "WARPS", "STAGES")}
             consts = {"HAS_BIAS": False, "LAYOUT": layout, "PDL": pdl} | tile
-            signature = _ws_signature(cfg["BLOCK_M"], cfg["WARPS"])  # _split_build copies it
+            signature = _ws_signature(linear_wgmma_ws_gluon, cfg["BLOCK_M"], cfg["WARPS"])  # _split_build copies it
             sig, consts = _split_build(signature, consts, cfg.get("SPLIT_K", 1))
             fn, cap = linear_wgmma_ws_gluon.nvfp4_linear_wgmma_ws_gluon_kernel, linear_wgmma_ws_gluon.registers(cfg)
             yield from unique(Build("linear_wgmma_ws_gluon", fn, sig, consts, cfg["WARPS"], 1, (90,), cap))
@@ -496,7 +477,7 @@ def builds() -> Iterator[Build]:
         ):
             tile = {k: cfg[k] for k in ("BLOCK_M", "WARPS", "STAGES")} | {"CHUNKS": cfg.get("CHUNKS", 1)}
             consts = {"HAS_BIAS": False, "LAYOUT": layout, "PDL": pdl} | tile | _one_token(m)
-            signature = _mma_ws_signature(cfg["BLOCK_M"], cfg["WARPS"], tile["CHUNKS"])
+            signature = _ws_signature(linear_mma_ws_gluon, cfg["BLOCK_M"], cfg["WARPS"], tile["CHUNKS"])
             sig, consts = _split_build(signature, consts, cfg.get("SPLIT_K", 1))
             fn, cap = linear_mma_ws_gluon.nvfp4_linear_mma_ws_gluon_kernel, linear_mma_ws_gluon.registers(cfg)
             yield from unique(Build("linear_mma_ws_gluon", fn, sig, consts, cfg["WARPS"], 1, maxnreg=cap))

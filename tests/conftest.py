@@ -24,23 +24,10 @@ def device() -> torch.device:
 
 @pytest.fixture(scope="session")
 def late_writer():
-    """A kernel that lets its PDL dependents start at once (``gdc_launch_dependents``), then
-    spins ``ns`` nanoseconds and only then writes the ``n`` elements of ``dst`` (one program,
-    ``BLOCK`` the power of two at or above ``n``)."""
-    import triton
-    import triton.language as tl
-    from triton.language.extra.cuda import gdc_launch_dependents, globaltimer
+    """``late_writer.late_writer``: lets its PDL dependents start at once, then writes late."""
+    from late_writer import late_writer
 
-    @triton.jit
-    def kernel(src_ptr, dst_ptr, ns, n, BLOCK: tl.constexpr):
-        gdc_launch_dependents()
-        start = globaltimer()
-        while globaltimer() - start < ns:
-            pass
-        offs = tl.arange(0, BLOCK)
-        tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=offs < n), mask=offs < n)
-
-    return kernel
+    return late_writer
 
 
 @pytest.fixture(scope="session")

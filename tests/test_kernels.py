@@ -769,28 +769,16 @@ def test_ring_with_tma_slots_covers_the_ends_chunks_splits_and_pdl():
     activations, eagerly and replayed in a CUDA graph: every bit the same. In a process of its
     own under a timeout: a wait on an mbarrier that never completes hangs its GPU context, and
     the suite must still finish."""
+    import os
     import subprocess
     import sys
 
     code = """
 import itertools
 import torch
-import triton
-import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, globaltimer
 from flashrt.kernels import linear_mma_gluon, linear_mma_ws_gluon as form, nvfp4, ops, ring_layout
 from flashrt.kernels.tuning import compile_ahead
-
-
-@triton.jit
-def late_writer(src_ptr, dst_ptr, ns, n, BLOCK: tl.constexpr):
-    gdc_launch_dependents()
-    start = globaltimer()
-    while globaltimer() - start < ns:
-        pass
-    offs = tl.arange(0, BLOCK)
-    tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=offs < n), mask=offs < n)
-
+from late_writer import late_writer
 
 cases = [
     (1, 1000, 2048, {"BLOCK_M": 2}),
@@ -863,7 +851,9 @@ for m, n, k, config, operands in runs:
     print("ok", m, n, k, sorted(config.items()), f"{err:.2e}", flush=True)
 print("all", checked)
 """
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=360)
+    tests = os.path.dirname(__file__)
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH")) if p)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=360)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "all 35" in done.stdout, done.stdout
 
