@@ -75,6 +75,26 @@ def main(path: str) -> None:
         return arms
 
     time_ring_arms(path, ws_arms, TOKENS, DEADLINE_S)
+    for line in summary(path):
+        print(line, flush=True)
+
+
+def summary(path: str) -> list[str]:
+    """A line a row of the result at ``path``: the served ring's microseconds, the fastest
+    warp-specialized arm's, and the ring's time over it (over 1: the form wins there)."""
+    import json
+
+    from flashrt.bench.probe_ring_depth import fastest
+
+    with open(path) as f:
+        rows = json.load(f)["rows"]
+    lines = []
+    for row in rows:
+        ring = row["arms"]["ring"]["us"]
+        us, arm = fastest({name: figure for name, figure in row["arms"].items() if name.startswith("ws_")})
+        ratio = f"{ring / us:.3f}" if ring and us else "-"
+        lines.append(f"{row['shape']:14s} M={row['M']:2d} ring {ring} us, best {arm} {us} us: ring / best {ratio}")
+    return lines
 
 
 if __name__ == "__main__":

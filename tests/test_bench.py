@@ -806,3 +806,24 @@ def test_the_device_call_runs_every_test_file_that_takes_the_gpu():
     assert "test_kernels.py" in files and "test_bench.py" in files, files
     for name in files:
         assert f"tests/{name}" in script, f"bench/gpu_run.sh does not run {name}"
+
+
+def test_the_tma_ring_probe_says_for_each_row_whether_the_form_beat_the_served_ring(tmp_path):
+    """``bench/probe_tma_ring.py``'s closing lines: for each row the served ring's time, the
+    fastest warp-specialized arm and the ring's time over it; an arm that failed its check or
+    its build (no time) is never the fastest, and a row where none ran says so."""
+    import json
+
+    from flashrt.bench import probe_tma_ring
+
+    ring_only = {"ring": {"us": 98.0}, "ws_w4_s4_p2": {"us": None, "error": "OutOfResources"}}
+    rows = [
+        {"shape": "llama_qkv", "M": 1, "arms": {"ring": {"us": 7.5}, "ring_w4": {"us": 6.0}, "ws_w4_s4_p2": {"us": 6.0},
+                                                "ws_w8_s4_p1": {"us": 5.0}, "ws_w4_s6_p2": {"us": None}}},
+        {"shape": "lm_head", "M": 16, "arms": ring_only},
+    ]  # fmt: skip
+    path = tmp_path / "probe.json"
+    path.write_text(json.dumps({"rows": rows}))
+    first, second = probe_tma_ring.summary(str(path))
+    assert "ring 7.5 us" in first and "best ws_w8_s4_p1 5.0 us" in first and first.endswith("1.500"), first
+    assert "M=16" in second and "best None" in second and second.endswith("-"), second
