@@ -66,9 +66,9 @@ def patch(arm: str) -> None:
         linear_mma_gluon._DECODE_RING = gl.constexpr(decode_twice_ptx())
 
 
-def tuned_ring_cases(tokens=TOKENS):
+def tuned_ring_cases(tokens=TOKENS, shapes=SHAPES):
     """``(shape, weight, its bytes in ring_layout, activations, config)`` at each of ``tokens``
-    (in that order: a run cut short loses the last) for each of ``SHAPES`` that the H200 serves
+    (in that order: a run cut short loses the last) for each of ``shapes`` that the H200 serves
     with the ring form there, in its tuned config (``bench/tuning``); random operands, the same
     every run."""
     import torch
@@ -77,18 +77,18 @@ def tuned_ring_cases(tokens=TOKENS):
 
     torch.manual_seed(0)
     weights = {}
-    for shape, (n, k) in SHAPES.items():
+    for shape, (n, k) in shapes.items():
         w = nvfp4.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16))
         weights[shape] = w, ring_layout.pack(w.packed)
     for m in tokens:
-        for shape, (n, k) in SHAPES.items():
+        for shape, (n, k) in shapes.items():
             form, config = tuned(m, n, k) or (None, None)
             if form == "mma_gluon":
                 yield shape, *weights[shape], torch.randn(m, k, device="cuda", dtype=torch.bfloat16), config
 
 
-def time_ring_arms(path: str, arms_for, tokens=TOKENS, deadline_s: float | None = None) -> None:
-    """The probes' harness over ``tuned_ring_cases(tokens)``: for each, the ring as served and
+def time_ring_arms(path: str, arms_for, tokens=TOKENS, deadline_s: float | None = None, shapes=SHAPES) -> None:
+    """The probes' harness over ``tuned_ring_cases(tokens, shapes)``: for each, the ring as served and
     the arms ``arms_for(config, operands)`` adds (name -> run on ``out``; the config in the ring
     layout, operands ``x, ring words, scales, global scale, bias``), each checked against the
     reference, then timed (``probe_ring_depth.timed``); at one token the read-only floor too.
@@ -108,7 +108,7 @@ def time_ring_arms(path: str, arms_for, tokens=TOKENS, deadline_s: float | None 
 
     start = time.monotonic()
     result = {**provenance(), "copy_TBps": copy_bandwidth_tbps(), "rows": []}
-    for shape, w, ring, x, config in tuned_ring_cases(tokens):
+    for shape, w, ring, x, config in tuned_ring_cases(tokens, shapes):
         if deadline_s is not None and time.monotonic() - start > deadline_s:
             print("deadline: stopping", flush=True)
             break

@@ -15,8 +15,9 @@ where the ring issues its own, was counted and left out (this probe's kernel at 
 instructions a step with 10 CTA barriers, because Triton 3.6's shared-memory analysis puts a
 barrier before every operation on an mbarrier's allocation.
 
-For each Llama shape and the LM head at 1, 16 and 8 tokens (``TOKENS``; 8 last, where a call's
-limit would cut it: ``DEADLINE_S``) that the H200 serves with the ring form: its tuned config
+For each Llama shape, the LM head and Qwen3-30B's attention projections at 1, 16 and 8 tokens
+(``TOKENS``; 8 last, where a call's limit would cut it: ``DEADLINE_S``) that the H200 serves
+with the ring form: its tuned config
 (``bench/tuning``) as served, the ring at 4 warps where the config has fewer, and the form in the
 served config's tiling at each of ``WS_SHAPES`` (more than the form offers, to choose its
 ``SHAPES`` from), each checked against the reference first, then timed as the adjudicator times
@@ -32,7 +33,12 @@ from __future__ import annotations
 import sys
 
 TOKENS = (1, 16, 8)
-DEADLINE_S = 480  # the JSON is rewritten after each row; past this no row starts
+# Past this no row starts (the JSON is rewritten after each): a device call is 600 s, and the
+# form's GPU test comes first in it.
+DEADLINE_S = 360
+# Llama's layers and a Qwen-sized LM head (``probe_decode_cost.SHAPES``) and Qwen3-30B's attention
+# projections, the small layers that run at a quarter of copy bandwidth in its decode step.
+SHAPES = {"qwen3_qkv": (5120, 2048), "qwen3_o": (2048, 4096)}
 # (MMA warps, stages, programs an SM) timed: 1-3 programs an SM (register caps 248, 128, 80),
 # 3-6 stages, 4 and 8 MMA warps.
 WS_SHAPES = (
@@ -59,6 +65,7 @@ def ws_config(config: dict, warps: int, stages: int, programs: int) -> dict:
 
 
 def main(path: str) -> None:
+    from flashrt.bench.probe_decode_cost import SHAPES as LLAMA_SHAPES
     from flashrt.bench.probe_decode_cost import time_ring_arms
     from flashrt.kernels import linear_mma_gluon, linear_mma_ws_gluon
 
@@ -74,7 +81,7 @@ def main(path: str) -> None:
                 )
         return arms
 
-    time_ring_arms(path, ws_arms, TOKENS, DEADLINE_S)
+    time_ring_arms(path, ws_arms, TOKENS, DEADLINE_S, LLAMA_SHAPES | SHAPES)
     for line in summary(path):
         print(line, flush=True)
 
