@@ -315,8 +315,8 @@ def launch(
     nvfp4_linear_mma_ws_gluon_kernel[grid](
         *descriptors(x, words, scale_words, config), global_scale, bias if bias is not None else out, target, m, n,
         k, out.stride(0), HAS_BIAS=bias is not None, BLOCK_M=config["BLOCK_M"], WARPS=config["WARPS"],
-        STAGES=config["STAGES"], SPLIT_K=split, CHUNKS=chunks, LAYOUT=config.get("LAYOUT", ring_layout.CHECKPOINT), PDL=pdl,
-        num_warps=config["WARPS"], maxnreg=registers(config), launch_pdl=pdl,
+        STAGES=config["STAGES"], SPLIT_K=split, CHUNKS=chunks, LAYOUT=config.get("LAYOUT", ring_layout.CHECKPOINT),
+        PDL=pdl, num_warps=config["WARPS"], maxnreg=registers(config), launch_pdl=pdl,
     )  # fmt: skip
     if split > 1:
         reduce_splits(target, global_scale, bias, out, pdl)
