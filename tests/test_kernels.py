@@ -917,7 +917,8 @@ def test_the_ring_with_tma_slots_is_offered_only_when_asked_and_launched_on_the_
     eighths = {"BLOCK_M": 8, "CHUNKS": 8, "WARPS": 4, "STAGES": 4, "PROGRAMS": 2}
     linear_mma_ws_gluon.launch(one, wide.packed, wide.scales, wide.global_scale, None, out[:1, :0], eighths, False)
     ((_, grid, _, _),) = calls
-    assert triton.cdiv(8 * 3000, 64) == 375 and grid == (2 * linear_mma.SMS,), "persistent: two programs an SM"
+    sms = linear_mma_ws_gluon.multiprocessors(one.device)  # an H200's 132 off a GPU
+    assert triton.cdiv(8 * 3000, 64) > 2 * sms and grid == (2 * sms,), "persistent: two programs an SM"
     with pytest.raises(ValueError, match="x must be bfloat16"):
         linear_mma_ws_gluon.launch(x.half(), q.packed, q.scales, q.global_scale, None, out, chunked, False)
     with pytest.raises(ValueError, match=r"BLOCK_M=4, CHUNKS=8.*whole tokens' chunks"):
