@@ -17,12 +17,12 @@ barrier before every operation on an mbarrier's allocation.
 
 For each Llama shape, the LM head and Qwen3-30B's attention projections at 1, 16 and 8 tokens
 (``TOKENS``; 8 last, where a call's limit would cut it: ``DEADLINE_S``) that the H200 serves
-with the ring form: its tuned config
-(``bench/tuning``) as served, the ring at 4 warps where the config has fewer, and the form in the
-served config's tiling at each of ``WS_SHAPES`` (more than the form offers, to choose its
-``SHAPES`` from), each checked against the reference first, then timed as the adjudicator times
-(``ops._time_us``), with the read-only floor of ``probe_rows`` at one token. A win is what makes
-the form offered by default (``linear_mma_ws_gluon.OFFERED``).
+with the ring form: its tuned config (``bench/tuning``) as served, the ring at 4 warps where the
+config has fewer, and the form in the served config's tiling at each of ``WS_SHAPES`` (more
+than the form offers, to choose its ``SHAPES`` from; two of them also a program a tile), each
+checked against the reference first, then timed as the adjudicator times (``ops._time_us``),
+with the read-only floor of ``probe_rows`` at one token. A win is what makes the form offered
+by default (``linear_mma_ws_gluon.OFFERED``).
 
 ``python3 bench/probe_tma_ring.py OUT.json`` with flashrt importable (``bench/gpu_run.sh``).
 A kernel that waits on an mbarrier that never completes hangs the GPU: run it under ``timeout``.
@@ -53,6 +53,9 @@ WS_SHAPES = (
     (8, 4, 1),
     (8, 4, 2),
 )
+# Two of the form's own shapes also launched a program a tile (``PERSISTENT`` 0), as the ring
+# form launches: whether the form's persistent programs, each taking every so-many-th tile, pay.
+TILES_SHAPES = ((4, 4, 2), (8, 4, 1))
 
 
 def ws_config(config: dict, warps: int, stages: int, programs: int) -> dict:
@@ -78,6 +81,12 @@ def main(path: str) -> None:
             if linear_mma_ws_gluon.fits(c):
                 arms[f"ws_w{warps}_s{stages}_p{programs}"] = lambda o, c=c, a=operands: linear_mma_ws_gluon.launch(
                     *a, o, c, True
+                )
+        for warps, stages, programs in TILES_SHAPES:
+            c = {**ws_config(cfg, warps, stages, programs), "PERSISTENT": 0}
+            if linear_mma_ws_gluon.fits(c):
+                arms[f"ws_w{warps}_s{stages}_p{programs}_tiles"] = lambda o, c=c, a=operands: (
+                    linear_mma_ws_gluon.launch(*a, o, c, True)
                 )
         return arms
 

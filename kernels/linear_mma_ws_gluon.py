@@ -294,7 +294,8 @@ def launch(
 ) -> torch.Tensor:
     """``out = x @ W^T`` (+ bias): the kernel, and its reduce where split. bf16 activations, K in
     whole steps of every chunk; ``use_prmt`` is unused. Launched with PDL as the ring form is
-    (``linear_mma_gluon.PDL_LAUNCH``)."""
+    (``linear_mma_gluon.PDL_LAUNCH``). ``PERSISTENT`` 0 (a probe's, never offered): a program a
+    tile, as the ring form launches, where the hardware hands out the tiles."""
     require_bf16("x", x)
     linear_wgmma_gluon.refuse_oversized_ring(config, ring_bytes(config))
     m, k = x.shape
@@ -311,7 +312,8 @@ def launch(
     target = split_target(out, split)
     pdl = launch_pdl(linear_mma_gluon.PDL_LAUNCH)
     tiles = cdiv(chunks * n, 16 * config["WARPS"]) * cdiv(chunks * m, config["BLOCK_M"]) * split
-    grid = (min(tiles, config["PROGRAMS"] * multiprocessors(x.device)),)
+    programs = config["PROGRAMS"] * multiprocessors(x.device) if config.get("PERSISTENT", 1) else tiles
+    grid = (min(tiles, programs),)
     nvfp4_linear_mma_ws_gluon_kernel[grid](
         *descriptors(x, words, scale_words, config), global_scale, bias if bias is not None else out, target, m, n,
         k, out.stride(0), HAS_BIAS=bias is not None, BLOCK_M=config["BLOCK_M"], WARPS=config["WARPS"],

@@ -866,9 +866,10 @@ def test_the_ring_with_tma_slots_is_offered_only_when_asked_and_launched_on_the_
     ``SHAPES`` whose rings fit an SM together. The launcher hands the kernel TMA boxes of one
     ring step of one program (rows and tokens in chunks), the weight's layout (the checkpoint's
     unless the config says otherwise), a program a tile of the ring form's, or as many as
-    ``PROGRAMS`` an SM where there are more tiles (each then takes every so-many-th), the
-    register cap that leaves them, and, split, fp32 partials the reduce then sums; fp16, a tile
-    of partial tokens' chunks and an oversized ring are refused by name."""
+    ``PROGRAMS`` an SM where there are more tiles (each then takes every so-many-th; a probe's
+    ``PERSISTENT`` 0 keeps a program a tile), the register cap that leaves them, and, split,
+    fp32 partials the reduce then sums; fp16, a tile of partial tokens' chunks and an oversized
+    ring are refused by name."""
     import triton
 
     monkeypatch.setattr(decode, "interpreted", lambda: False)  # what a compiled GPU is offered
@@ -916,9 +917,13 @@ def test_the_ring_with_tma_slots_is_offered_only_when_asked_and_launched_on_the_
     one = torch.randn(1, 2048, dtype=torch.bfloat16, device=device)
     eighths = {"BLOCK_M": 8, "CHUNKS": 8, "WARPS": 4, "STAGES": 4, "PROGRAMS": 2}
     linear_mma_ws_gluon.launch(one, wide.packed, wide.scales, wide.global_scale, None, out[:1, :0], eighths, False)
-    ((_, grid, _, _),) = calls
+    linear_mma_ws_gluon.launch(
+        one, wide.packed, wide.scales, wide.global_scale, None, out[:1, :0], eighths | {"PERSISTENT": 0}, False
+    )
+    ((_, persistent, _, _), (_, tiled, _, _)) = calls
     sms = linear_mma_ws_gluon.multiprocessors(one.device)  # an H200's 132 off a GPU
-    assert triton.cdiv(8 * 3000, 64) > 2 * sms and grid == (2 * sms,), "persistent: two programs an SM"
+    assert triton.cdiv(8 * 3000, 64) > 2 * sms and persistent == (2 * sms,), "persistent: two programs an SM"
+    assert tiled == (triton.cdiv(8 * 3000, 64),), "PERSISTENT 0: a program a tile"
     with pytest.raises(ValueError, match="x must be bfloat16"):
         linear_mma_ws_gluon.launch(x.half(), q.packed, q.scales, q.global_scale, None, out, chunked, False)
     with pytest.raises(ValueError, match=r"BLOCK_M=4, CHUNKS=8.*whole tokens' chunks"):
