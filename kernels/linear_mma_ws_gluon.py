@@ -46,6 +46,7 @@ from flashrt.kernels.linear_mma_gluon import (
     BLOCK_K,
     WORDS_PER_THREAD,
     V,
+    _copyable,
     _store_product,
     _times_activations,
     _weights_fragment,
@@ -306,6 +307,9 @@ def launch(
             f"BLOCK_M={config['BLOCK_M']}, CHUNKS={chunks}, K={k}: the token tile must hold whole tokens' chunks "
             f"and K whole {BLOCK_K}-wide steps a chunk"
         )
+    for name, t in (("packed", packed), ("scales", scales)):
+        if not _copyable(t):
+            raise ValueError(f"{name} must start on 16 bytes with rows of whole 16-byte chunks for TMA")
     x = aligned_activations(x)
     words, scale_words = packed.view(torch.int32), scales.view(torch.uint8).view(torch.int32)
     split = config.get("SPLIT_K", 1)

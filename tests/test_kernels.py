@@ -868,8 +868,8 @@ def test_the_ring_with_tma_slots_is_offered_only_when_asked_and_launched_on_the_
     unless the config says otherwise), a program a tile of the ring form's, or as many as
     ``PROGRAMS`` an SM where there are more tiles (each then takes every so-many-th; a probe's
     ``PERSISTENT`` 0 keeps a program a tile), the register cap that leaves them, and, split,
-    fp32 partials the reduce then sums; fp16, a tile of partial tokens' chunks and an oversized
-    ring are refused by name."""
+    fp32 partials the reduce then sums; fp16, a tile of partial tokens' chunks, weights TMA
+    cannot read and an oversized ring are refused by name."""
     import triton
 
     monkeypatch.setattr(decode, "interpreted", lambda: False)  # what a compiled GPU is offered
@@ -930,6 +930,8 @@ def test_the_ring_with_tma_slots_is_offered_only_when_asked_and_launched_on_the_
         linear_mma_ws_gluon.launch(
             x, q.packed, q.scales, q.global_scale, None, out, chunked | {"BLOCK_M": 4, "CHUNKS": 8}, False
         )
+    with pytest.raises(ValueError, match="packed must start on 16 bytes"):
+        linear_mma_ws_gluon.launch(x, q.packed[:, 4:], q.scales[:, 8:], q.global_scale, None, out, chunked, False)
     with pytest.raises(ValueError, match="its ring takes"):
         linear_mma_ws_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, chunked | {"STAGES": 32}, False)
 
