@@ -39,7 +39,7 @@ DEADLINE_S = 360
 # Llama's layers and a Qwen-sized LM head (``probe_decode_cost.SHAPES``) and Qwen3-30B's attention
 # projections, the small layers that run at a quarter of copy bandwidth in its decode step.
 SHAPES = {"qwen3_qkv": (5120, 2048), "qwen3_o": (2048, 4096)}
-# (MMA warps, stages, programs an SM) timed: 1-3 programs an SM (register caps 248, 128, 80),
+# (MMA warps, stages, programs an SM) timed: 1-3 programs an SM (register caps 255, 128, 80),
 # 3-6 stages, 4 and 8 MMA warps.
 WS_SHAPES = (
     (4, 4, 1),
@@ -76,18 +76,12 @@ def main(path: str) -> None:
         arms = {}
         if cfg["WARPS"] < 4:  # the specialized kernel's MMA warps are warpgroups: the ring so too
             arms["ring_w4"] = lambda o, c={**cfg, "WARPS": 4}, a=operands: linear_mma_gluon.launch(*a, o, c, True)
-        for warps, stages, programs in WS_SHAPES:
-            c = ws_config(cfg, warps, stages, programs)
+        ways = [(*shape, True) for shape in WS_SHAPES] + [(*shape, False) for shape in TILES_SHAPES]
+        for warps, stages, programs, persistent in ways:
+            c = {**ws_config(cfg, warps, stages, programs), **({} if persistent else {"PERSISTENT": 0})}
             if linear_mma_ws_gluon.fits(c):
-                arms[f"ws_w{warps}_s{stages}_p{programs}"] = lambda o, c=c, a=operands: linear_mma_ws_gluon.launch(
-                    *a, o, c, True
-                )
-        for warps, stages, programs in TILES_SHAPES:
-            c = {**ws_config(cfg, warps, stages, programs), "PERSISTENT": 0}
-            if linear_mma_ws_gluon.fits(c):
-                arms[f"ws_w{warps}_s{stages}_p{programs}_tiles"] = lambda o, c=c, a=operands: (
-                    linear_mma_ws_gluon.launch(*a, o, c, True)
-                )
+                name = f"ws_w{warps}_s{stages}_p{programs}" + ("" if persistent else "_tiles")
+                arms[name] = lambda o, c=c, a=operands: linear_mma_ws_gluon.launch(*a, o, c, True)
         return arms
 
     time_ring_arms(path, ws_arms, TOKENS, DEADLINE_S, LLAMA_SHAPES | SHAPES)

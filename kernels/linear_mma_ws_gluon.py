@@ -56,7 +56,7 @@ from flashrt.kernels.linear_mma_gluon import (
     require_bf16,
     words_layout,
 )
-from flashrt.kernels.linear_wgmma_ws_gluon import _PRODUCER_REGISTERS
+from flashrt.kernels.linear_wgmma_ws_gluon import _PRODUCER_REGISTERS, register_cap
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
@@ -273,14 +273,12 @@ def _multiprocessors(index: int) -> int:
 def registers(config: dict) -> int:
     """The launch's register cap: ``PROGRAMS`` programs of the MMA warps and the producer's
     warpgroup in the SM's 64K registers."""
-    threads = 32 * (config["WARPS"] + 4) * config["PROGRAMS"]
-    return min(255, 65536 // threads) // 8 * 8
+    return register_cap(config["WARPS"], config["PROGRAMS"])
 
 
 def ring_bytes(config: dict) -> int:
-    """Shared memory of a config's ring: a step's words and scale words (144 bytes a row) and
-    activations (512 bytes a token row), times the stages."""
-    return config["STAGES"] * (16 * config["WARPS"] * (4 * WORDS_PER_THREAD * 4 + 16) + config["BLOCK_M"] * BLOCK_K * 2)
+    """Shared memory of a config's ring: the ring form's at one row tile."""
+    return linear_mma_gluon.ring_bytes({**config, "ROW_TILES": 1})
 
 
 def launch(

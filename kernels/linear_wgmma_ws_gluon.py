@@ -220,7 +220,13 @@ def ring_bytes(config: dict) -> int:
 
 def registers(config: dict) -> int:
     """The launch's register cap: the MMA warps and the producer's warpgroup share the SM's 64K."""
-    return min(255, (65536 // (32 * (config["WARPS"] + 4))) // 8 * 8)
+    return register_cap(config["WARPS"])
+
+
+def register_cap(mma_warps: int, programs: int = 1) -> int:
+    """A warp-specialized launch's register cap: ``programs`` programs of ``mma_warps`` MMA warps
+    and the producer's warpgroup in the SM's 64K registers."""
+    return min(255, 65536 // (32 * (mma_warps + 4) * programs) // 8 * 8)
 
 
 def descriptors(x: torch.Tensor, words: torch.Tensor, scale_words: torch.Tensor, config: dict) -> tuple:
