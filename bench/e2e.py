@@ -48,7 +48,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from flashrt.bench import cache_preference, decode_attention, gated_delta, merge, router_topk
+from flashrt.bench import cache_preference, decode_attention, gated_delta, inductor_trigger, merge, router_topk
 from flashrt.bench.kernels import provenance
 from flashrt.kernels import linear_mma_gluon, linear_mma_ws_gluon, moe_fused, ops
 from flashrt.runtime import SeatProfile, attach
@@ -56,6 +56,9 @@ from flashrt.runtime.profile import from_env
 from flashrt.runtime.seats import _is_expert_bank, _with_band
 
 PROMPT, GENERATED, WARM_STEPS = 128, 128, 3
+# Where torch.compile's kernels launched with PDL let the next one start (``--inductor-trigger``):
+# after their last load, as inductor places it, or right after their wait (``inductor_trigger``).
+TRIGGERS = ("last-load", "wait")
 BATCHES = (1, 4, 8, 16, 32)
 # The arms whose decode attention and router kernels (``decode_attention.PDL_LAUNCH``,
 # ``router_topk.PDL_LAUNCH``) are launched with PDL, as torch.compile's kernels. By default each
@@ -836,6 +839,7 @@ def _on_gpus(names: list[str], args, out: Path, result: dict) -> None:
     rest += ["--cache-preference", args.cache_preference, "--split-sum", args.split_sum]
     rest += ["--mma-ws"] if args.mma_ws else []
     rest += ["--inductor-pdl", args.inductor_pdl] if args.inductor_pdl else []
+    rest += ["--inductor-trigger", args.inductor_trigger, "--tune-after-us", str(args.tune_after_us)]
     rest += ["--pdl-arms", args.pdl_arms]
     queues = [names[i::gpus] for i in range(gpus)]
     procs = []
@@ -889,6 +893,22 @@ def main(argv: list[str] | None = None) -> int:
         "in both arms, which the ring forms follow (decode.launch_pdl); default: on where the installed torch has it",
     )
     parser.add_argument(
+        "--inductor-trigger",
+        choices=TRIGGERS,
+        default="last-load",
+        help="where torch.compile's kernels let the next kernel start, in both arms: after their last load "
+        "(inductor's own) or right after their wait (bench/inductor_trigger.py), so a projection after "
+        "one streams its weights while it runs",
+    )
+    parser.add_argument(
+        "--tune-after-us",
+        type=float,
+        default=0.0,
+        help="with --inductor-trigger wait: the seated projections' configs timed after a kernel of this many "
+        "microseconds that lets them start at once (ops.SERVED_AFTER_US; the norms before qkv and gate_up take "
+        "2.4-2.8 us at batch 1 on the H200), cached apart from those timed alone; 0: timed alone",
+    )
+    parser.add_argument(
         "--pdl-arms",
         choices=PDL_ARMS,
         default="seated",
@@ -911,7 +931,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--inductor-pdl on: torch {torch.__version__}'s inductor has no triton.enable_pdl; use off")
         return 2
     inductor_pdl = has_pdl and args.inductor_pdl != "off"
+    if args.inductor_trigger == "wait" and not inductor_pdl:
+        print("--inductor-trigger wait: torch.compile's kernels are launched without PDL here; use --inductor-pdl on")
+        return 2
+    if args.tune_after_us and args.inductor_trigger != "wait":
+        print(
+            "--tune-after-us times projections after a kernel that lets them start at once: add --inductor-trigger wait"
+        )
+        return 2
     compile_as_runs_do(inductor_pdl)
+    if args.inductor_trigger == "wait":
+        inductor_trigger.install()
+    ops.SERVED_AFTER_US = args.tune_after_us
     import transformers
 
     result = provenance() | {
@@ -923,6 +954,8 @@ def main(argv: list[str] | None = None) -> int:
         "split_sum": args.split_sum,
         "mma_ws_offered": linear_mma_ws_gluon.OFFERED,
         "inductor_pdl": inductor_pdl,
+        "inductor_trigger": args.inductor_trigger if inductor_pdl else None,
+        "tuned_after_us": args.tune_after_us,
         "pdl_arms": args.pdl_arms if inductor_pdl else "off",
         "router_logits_max_tokens": router_topk.LOGITS_MAX_TOKENS,
         "models": [],

@@ -9,6 +9,8 @@
 # GPU suite took 525 s at a49877c, most of a ten-minute call.
 # Wheels under .whl/ (what the machine lacks, e.g. flash-linear-attention for Qwen3.5) are put on
 # PYTHONPATH first.
+# RUN_NAME names a benchmark's result and log under OUTDIR (default: the benchmark's name), so
+# two runs of one benchmark in a call keep both.
 # Set FLASHRT_COMMIT to the commit sent: a copied tree's git may name another.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -44,5 +46,6 @@ if [ "$bench" = probe ]; then
   name=${1:?usage: bench/gpu_run.sh OUTDIR probe NAME [args]}; shift
   timeout "${PROBE_TIMEOUT_S:-540}" python3 -m "flashrt.bench.$name" "$out/$name.json" "$@" 2>&1 | tee "$out/$name.log"
 else
-  python3 -m flashrt.bench "$bench" --out "$out/$bench.json" "$@" 2>&1 | tee "$out/$bench.log"
+  name=${RUN_NAME:-$bench}
+  python3 -m flashrt.bench "$bench" --out "$out/$name.json" "$@" 2>&1 | tee "$out/$name.log"
 fi

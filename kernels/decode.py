@@ -25,7 +25,7 @@ import sys
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait, globaltimer
 
 # Byte tables for prmt: bf16 bits of E2M1 magnitudes 0..7 (0, .5, 1, 1.5, 2, 3, 4, 6) are
 # 0x0000 0x3F00 0x3F80 0x3FC0 0x4000 0x4040 0x4080 0x40C0.
@@ -305,6 +305,18 @@ def wait_then_let_next_start(PDL: tl.constexpr):
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
+
+
+@triton.jit
+def lead(ns):
+    """A kernel before a timed one, as a compiled kernel whose trigger comes right after its wait
+    is (``bench/inductor_trigger.py``): launched with PDL, it waits for the kernel before it, lets
+    the next one launch at once, then runs ``ns`` nanoseconds. One program, as a norm's or an
+    activation's at a few tokens."""
+    wait_then_let_next_start(True)
+    start = globaltimer()
+    while globaltimer() - start < ns:
+        pass
 
 
 def interpreted() -> bool:

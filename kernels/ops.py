@@ -19,6 +19,7 @@ import functools
 import torch
 import torch.nn.functional as F
 from flashrt.kernels import (
+    decode,
     linear_dequant,
     linear_gemv,
     linear_gemv_gluon,
@@ -121,9 +122,23 @@ def _may_measure(device: torch.device) -> bool:
 PARITY_ROWS = 2048
 
 
-def _time_us(fn, calls: int = 16, replays: int = 7) -> float:
+# Microseconds of the kernel a projection is timed after (``_time_us``); 0: timed alone. A seat's
+# projection follows a compiled kernel (a norm, the activation); where that kernel lets it start
+# as soon as it has waited (``bench/inductor_trigger.py``), the projection copies the weight steps
+# its ring holds while that kernel runs, so a deeper ring may win there that loses alone. Choices
+# made so are cached apart (``_served_after_key``).
+SERVED_AFTER_US = 0.0
+
+
+def _served_after_key() -> str:
+    return f":after{SERVED_AFTER_US:g}us" if SERVED_AFTER_US else ""
+
+
+def _time_us(fn, calls: int = 16, replays: int = 7, after_us: float = 0.0) -> float:
     """Device microseconds a call from HBM: ``calls`` calls captured in one CUDA graph, each after
-    an L2 flush, minus a graph of the flushes alone; median of replays.
+    an L2 flush, minus a graph of the flushes alone; median of replays. With ``after_us``, each
+    call follows a ``decode.lead`` kernel of that length after the flush, in both graphs: what is
+    timed is the call's time past the lead, with what it copied during it (``SERVED_AFTER_US``).
 
     Eager launches timed with events measure the host: a Triton launch costs 20-40 us of Python
     against 5-60 us of GPU work (H200: every form of a 28672 x 4096 GEMV timed 56-81 us eagerly
@@ -147,9 +162,13 @@ def _time_us(fn, calls: int = 16, replays: int = 7) -> float:
     flush_words = torch.cuda.get_device_properties(device).L2_cache_size * 3 // 8  # int32s: 1.5x the L2
     scratch = torch.zeros(flush_words, dtype=torch.int32, device=device)
     total = torch.empty((), dtype=torch.int64, device=device)
+    lead_ns = round(after_us * 1e3)
+    run_lead = functools.partial(decode.lead[(1,)], lead_ns, num_warps=1, launch_pdl=True)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
+        if lead_ns:
+            run_lead()
         fn()  # compile and warm outside the capture
     torch.cuda.current_stream().wait_stream(stream)
 
@@ -158,6 +177,8 @@ def _time_us(fn, calls: int = 16, replays: int = 7) -> float:
         with torch.cuda.graph(graph):
             for _ in range(calls):
                 torch.sum(scratch, 0, out=total)
+                if lead_ns:
+                    run_lead()
                 if with_call:
                     fn()
         graph.replay()
@@ -249,7 +270,7 @@ def choose_linear(
     m, k = x.shape
     n = packed.shape[0]
     device = x.device
-    key = f"linear:{x.dtype}:M{bucket(m)}:N{n}:K{k}{_layout_key(layout)}"
+    key = f"linear:{x.dtype}:M{bucket(m)}:N{n}:K{k}{_layout_key(layout)}{_served_after_key()}"
 
     def call(c: Candidate, out: torch.Tensor) -> functools.partial:
         launch = LINEAR_FORMS[c.form].launch
@@ -264,7 +285,7 @@ def choose_linear(
             rows = slice(0, PARITY_ROWS)
             sample = NVFP4Weight(packed[rows], scales[rows], global_scale, layout)
             ref = linear_reference(x, sample, None if bias is None else bias[rows])
-            return Outcome(c, _time_us(run), parity=_cosine(out[:, rows], ref))
+            return Outcome(c, _time_us(run, after_us=SERVED_AFTER_US), parity=_cosine(out[:, rows], ref))
         except Exception as exc:  # a config that does not build here is refused, not fatal
             return Outcome(c, refused=_reason(exc))
 

@@ -3,7 +3,7 @@
 
 import pytest
 import torch
-from flashrt.bench import e2e
+from flashrt.bench import e2e, inductor_trigger
 
 
 def _tiny(kind: str):
@@ -827,3 +827,126 @@ def test_the_tma_ring_probe_says_for_each_row_whether_the_form_beat_the_served_r
     first, second = probe_tma_ring.summary(str(path))
     assert "ring 7.5 us" in first and "best ws_w8_s4_p1 5.0 us" in first and first.endswith("1.500"), first
     assert "M=16" in second and "best None" in second and second.endswith("-"), second
+
+
+def _inductor_body(launches_inside_loop: bool):
+    """A kernel body as inductor's PDL codegen leaves it before ``_filter_pdl``: the wait hoisted
+    before a reduction loop, a wait and a launch after each load (inside the loop or after it),
+    a deferred line (not a string) among them, the stores last."""
+    from torch._inductor.utils import DeferredLineBase, IndentedBuffer
+
+    class Deferred(DeferredLineBase):
+        def __call__(self):
+            return self.line
+
+        def _new_line(self, line):
+            return Deferred(line)
+
+    body = IndentedBuffer()
+    body.writeline("xoffset = tl.program_id(0) * XBLOCK")
+    body.writeline(inductor_trigger.WAIT)
+    body.writeline("for r0_offset in range(0, r0_numel, R0_BLOCK):")
+    with body.indent():
+        body.writeline("tmp0 = tl.load(in_ptr0 + r0_index)")
+        if launches_inside_loop:
+            body.writeline(inductor_trigger.WAIT)
+            body.writeline(inductor_trigger.LAUNCH)
+    body.writeline(inductor_trigger.WAIT)
+    body.writeline(inductor_trigger.LAUNCH)
+    body._lines.append(Deferred("tmp1 = tmp0 * 2"))
+    body.writeline("tl.store(out_ptr0 + x0, tmp1)")
+    return body
+
+
+@pytest.mark.parametrize("launches_inside_loop", [False, True])
+def test_a_compiled_kernel_lets_the_next_one_start_right_after_its_first_wait(launches_inside_loop, monkeypatch):
+    """``inductor_trigger``: inductor's own filter keeps the first wait and the last launch (after
+    the loop); installed, the kernel's one launch comes right after its first wait, at its
+    indentation, and every other line stays where it was, deferred ones included. A body with no
+    wait keeps its lines, and installing twice wraps inductor once."""
+    import torch._functorch.config as functorch
+    from torch._inductor import config as inductor
+    from torch._inductor.codegen.triton import TritonKernel
+
+    kernel = type("Kernel", (), {"GDC_WAIT": TritonKernel.GDC_WAIT, "GDC_LAUNCH": TritonKernel.GDC_LAUNCH})()
+    assert (inductor_trigger.WAIT, inductor_trigger.LAUNCH) == (kernel.GDC_WAIT, kernel.GDC_LAUNCH)
+    inductors = _inductor_body(launches_inside_loop)
+    TritonKernel._filter_pdl(kernel, inductors)
+    before = [line if isinstance(line, str) else line() for line in inductors._lines]
+    assert before.count(inductor_trigger.WAIT) == 1 and before.count(inductor_trigger.LAUNCH) == 1
+    assert before.index(inductor_trigger.LAUNCH) == len(before) - 3, "inductor's: after the loop's loads"
+
+    monkeypatch.setattr(TritonKernel, "_filter_pdl", TritonKernel._filter_pdl)
+    with inductor.patch(fx_graph_cache=True), functorch.patch(enable_autograd_cache=True):
+        inductor_trigger.install()
+        wrapped = TritonKernel._filter_pdl
+        inductor_trigger.install()
+        assert TritonKernel._filter_pdl is wrapped, "installed once"
+        assert not inductor.fx_graph_cache and not functorch.enable_autograd_cache, "caches that would not see it"
+    ours = _inductor_body(launches_inside_loop)
+    TritonKernel._filter_pdl(kernel, ours)
+    after = [line if isinstance(line, str) else line() for line in ours._lines]
+    wait = after.index(inductor_trigger.WAIT)
+    assert after[wait + 1] == inductor_trigger.LAUNCH and after.count(inductor_trigger.LAUNCH) == 1
+    assert [line for line in after if line != inductor_trigger.LAUNCH] == [
+        line for line in before if line != inductor_trigger.LAUNCH
+    ], "every other line in its place"
+    assert not isinstance(ours._lines[-2], str), "a deferred line stays one"
+
+    indented = ["x = 1", "    " + inductor_trigger.WAIT, "    y = 2", "    " + inductor_trigger.LAUNCH]
+    assert inductor_trigger.trigger_after_wait(indented) == [
+        "x = 1", "    " + inductor_trigger.WAIT, "    " + inductor_trigger.LAUNCH, "    y = 2"
+    ]  # fmt: skip
+    no_wait = ["x = 1", inductor_trigger.LAUNCH, "y = 2"]
+    assert inductor_trigger.trigger_after_wait(no_wait) == no_wait
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="inductor emits PDL only for CUDA devices")
+def test_a_projection_after_an_early_triggering_compiled_kernel_gives_every_bit_it_gave_before(monkeypatch):
+    """A compiled norm, a seated projection launched with PDL after it, and a compiled activation
+    after that, inductor's kernels generated with the trigger right after their wait: every
+    kernel inductor generated triggers there, and the output is the same bits as with inductor's
+    own trigger, run as compiled and replayed in a CUDA graph."""
+    import torch._functorch.config as functorch
+    from flashrt.kernels import nvfp4, ops
+    from torch._inductor import config as inductor
+    from torch._inductor.codegen.triton import TritonKernel
+    from torch._inductor.utils import run_and_get_code
+
+    q = ops.for_serving(nvfp4.quantize(torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16) * 0.02))
+    g = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+    x, r = (torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+
+    def block(x, r):
+        h = x + r
+        normed = (h.float() * torch.rsqrt(h.float().pow(2).mean(-1, keepdim=True) + 1e-6)).to(h.dtype) * g
+        return torch.nn.functional.silu(ops.linear(normed, q)), h
+
+    monkeypatch.setattr(TritonKernel, "_filter_pdl", TritonKernel._filter_pdl)
+    outputs = []
+    with (
+        inductor.patch({"triton.enable_pdl": True, "fx_graph_cache": True}),
+        functorch.patch(enable_autograd_cache=True),
+    ):
+        for early in (False, True):
+            if early:
+                inductor_trigger.install()
+            torch._dynamo.reset()
+            program = torch.compile(block, fullgraph=True)
+            (y, h), sources = run_and_get_code(program, x, r)
+            kernels = [s for s in "".join(sources).split("@triton.jit")[1:] if inductor_trigger.WAIT in s]
+            assert kernels, "inductor launched its kernels with PDL"
+            for source in kernels:
+                lines = [line.strip() for line in source.splitlines()]
+                assert lines.count(inductor_trigger.LAUNCH) <= 1, source
+                assert not early or lines[lines.index(inductor_trigger.WAIT) + 1] == inductor_trigger.LAUNCH, source
+            static = program(x, r)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                static = program(x, r)
+            for out in static:
+                out.fill_(float("nan"))
+            graph.replay()
+            assert all(torch.equal(a, b) for a, b in zip(static, (y, h), strict=True)), "replayed"
+            outputs.append(y)
+    assert torch.equal(outputs[0], outputs[1])

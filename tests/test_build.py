@@ -295,3 +295,23 @@ def _run_with(triton_path: str, code: str) -> str:
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     return done.stdout
+
+
+@pytest.mark.parametrize("triton_path", ["suite", "h200"])
+def test_the_lead_a_projection_is_timed_after_waits_lets_the_next_start_then_runs(triton_path):
+    """``decode.lead``, what the adjudicator times a projection after where ``ops.SERVED_AFTER_US``
+    is set, builds for sm_90 and sm_100: its PTX waits for the kernel before it, lets the next
+    launch, and only then reads the clock it runs by, as a compiled kernel triggering right after
+    its wait does (``bench/inductor_trigger.py``)."""
+    code = """
+import triton
+from triton.backends.compiler import GPUTarget
+from flashrt.kernels import decode
+src = triton.compiler.ASTSource(fn=decode.lead, signature={"ns": "i64"}, constexprs={})
+for arch in (90, 100):
+    ptx = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 1}).asm["ptx"]
+    order = [ptx.find(s) for s in ("griddepcontrol.wait", "griddepcontrol.launch_dependents", "globaltimer")]
+    print("lead", arch, -1 not in order and order == sorted(order))
+"""
+    printed = _run_with(triton_path, code)
+    assert "lead 90 True" in printed and "lead 100 True" in printed, printed

@@ -120,3 +120,27 @@ def test_every_candidate_is_compiled_ahead_once_before_the_first_is_measured(tmp
     events.clear()
     assert Tuner().choose("H200", "linear:M1", [B, A], measure, may_measure=True, launch=launch) == A
     assert events == [], "a cached choice compiles nothing"
+
+
+def test_a_projection_timed_after_a_lead_is_timed_so_and_cached_apart(monkeypatch):
+    """``ops.SERVED_AFTER_US``: a linear's candidates are timed after a lead of that length (what
+    ``_time_us`` is asked for) and the choice is keyed apart from one timed alone, so neither
+    cache hands its choice to the other."""
+    import torch
+    from flashrt.kernels import nvfp4, ops
+
+    asked = []
+    monkeypatch.setattr(ops, "_device_key", lambda index: "a-device")
+    monkeypatch.setattr(ops.TUNER, "recall", lambda device_key, memo: None)
+    monkeypatch.setattr(ops.TUNER, "choose", lambda device_key, key, cands, measure, *a, **k: asked.append(
+        (key, measure(cands[0]))) or cands[0])  # fmt: skip
+    monkeypatch.setattr(ops, "_time_us", lambda run, after_us=0.0: after_us + 1.0)
+    q = nvfp4.quantize(torch.randn(64, 256))
+    x = torch.randn(1, 256)
+    for after in (0.0, 2.5):
+        monkeypatch.setattr(ops, "SERVED_AFTER_US", after)
+        ops.choose_linear(x, q.packed, q.scales, q.global_scale, None)
+    (alone, timed_alone), (after, timed_after) = asked
+    assert ":after" not in alone and after == alone + ":after2.5us"
+    assert (timed_alone.time_us, timed_after.time_us) == (1.0, 3.5), "the lead's length reaches the timing"
+    assert timed_after.parity > 0.99, "the candidate ran and was checked as before"
