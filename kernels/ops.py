@@ -163,11 +163,11 @@ def _time_us(fn, calls: int = 16, replays: int = 7, after_us: float = 0.0) -> fl
     scratch = torch.zeros(flush_words, dtype=torch.int32, device=device)
     total = torch.empty((), dtype=torch.int64, device=device)
     lead_ns = round(after_us * 1e3)
-    run_lead = functools.partial(decode.lead[(1,)], lead_ns, num_warps=1, launch_pdl=True)
+    run_lead = functools.partial(decode.lead[(1,)], lead_ns, num_warps=1, launch_pdl=True) if lead_ns else None
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        if lead_ns:
+        if run_lead:
             run_lead()
         fn()  # compile and warm outside the capture
     torch.cuda.current_stream().wait_stream(stream)
@@ -177,7 +177,7 @@ def _time_us(fn, calls: int = 16, replays: int = 7, after_us: float = 0.0) -> fl
         with torch.cuda.graph(graph):
             for _ in range(calls):
                 torch.sum(scratch, 0, out=total)
-                if lead_ns:
+                if run_lead:
                     run_lead()
                 if with_call:
                     fn()
