@@ -38,7 +38,7 @@ def llama_dir(tmp_path_factory):
 def run_engine(model, tmp_path, env: dict, lengths=(4, 12)):
     multiproc = tmp_path / "metrics"
     multiproc.mkdir(parents=True)
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("FLASHRT_")}
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("FLASHRT_") and k != "TORCHINDUCTOR_ENABLE_PDL"}
     full_env |= {"PROMETHEUS_MULTIPROC_DIR": str(multiproc), "VLLM_CPU_KVCACHE_SPACE": "1"} | env
     done = subprocess.run([sys.executable, str(ENGINE), str(model), str(multiproc), *map(str, lengths)],
                           env=full_env, capture_output=True, text=True, timeout=600)  # fmt: skip
@@ -70,6 +70,7 @@ def test_enabled_engine_seats_the_model_and_counts_calls_with_the_tokens(seated_
     assert not any(k.startswith("flashrt_seat_fallbacks_total") and v for k, v in after.items())
     assert len(result["tokens"]["12"]) == 12
     assert result["compile_cache_disabled"] == "1", "a cached compiled graph would bypass the seats"
+    assert result["inductor_pdl"] == "1", "the seated forms start early only after a kernel launched with PDL"
 
 
 def test_engine_with_nothing_seatable_starts_unmodified_and_says_why(llama_dir, tmp_path):

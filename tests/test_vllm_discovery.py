@@ -12,6 +12,7 @@ import sys
 
 import pytest
 import torch
+from flashrt.runtime import vllm_plugin
 from flashrt.runtime.profile import SeatProfile
 from flashrt.runtime.vllm_seats import discover_vllm
 from torch import nn
@@ -140,6 +141,20 @@ for module_name, class_name in vllm_plugin.RUNNERS:
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("wrapped") == 3
+
+
+@pytest.mark.parametrize("user_set", [None, "0", "1"])
+def test_the_plugin_launches_compiled_kernels_with_pdl_unless_the_user_said_otherwise(user_set):
+    """Unset, the variable is set for the processes vLLM spawns and an inductor already imported
+    is switched; set either way, both stay as the user had them."""
+    import torch._inductor.config as inductor
+
+    environ = {} if user_set is None else {"TORCHINDUCTOR_ENABLE_PDL": user_set}
+    with inductor.patch({"triton.enable_pdl": user_set == "1"}):
+        turned_on = vllm_plugin.inductor_pdl_on(environ)
+        assert inductor.triton.enable_pdl is (user_set != "0")
+    assert turned_on is (user_set is None)
+    assert environ == {"TORCHINDUCTOR_ENABLE_PDL": user_set or "1"}
 
 
 class BankMethod(nn.Module):  # vLLM's unquantized bank method (a child module), in plain torch

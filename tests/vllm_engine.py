@@ -37,6 +37,7 @@ def main() -> None:
         result["tokens"][n] = list(out[0].outputs[0].token_ids)
         result["samples"][n] = {"before": before, "after": samples()}
     result["compile_cache_disabled"] = os.environ.get("VLLM_DISABLE_COMPILE_CACHE")
+    result["inductor_pdl"] = os.environ.get("TORCHINDUCTOR_ENABLE_PDL")
     files = os.listdir(multiproc)
     result["pids"] = sorted({f.rsplit("_", 1)[-1].removesuffix(".db") for f in files if f.startswith("counter_")})
     print("RESULT " + json.dumps(result), flush=True)
