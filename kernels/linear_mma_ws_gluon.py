@@ -300,6 +300,11 @@ def launch(
     m, k = x.shape
     n = packed.shape[0]
     chunks = config.get("CHUNKS", 1)
+    if chunks > 1 and config.get("SPLIT_K", 1) > 1:
+        raise ValueError(
+            f"CHUNKS={chunks} with SPLIT_K={config['SPLIT_K']}: rows cut in chunks are summed in the program "
+            "(as the ring form's), so K is not also split; use one of the two"
+        )
     if config["BLOCK_M"] % chunks or k % (chunks * BLOCK_K):
         raise ValueError(
             f"BLOCK_M={config['BLOCK_M']}, CHUNKS={chunks}, K={k}: the token tile must hold whole tokens' chunks "
