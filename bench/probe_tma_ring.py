@@ -7,7 +7,7 @@ straight into registers loses 2-3x. What is left of the ring's own cost is how i
 filled: each step every thread computes the addresses of its 16-byte copies, issues them
 (``LDGSTS``: 7 a step a thread at one token), counts them and meets the others at a CTA barrier.
 ``linear_mma_ws_gluon`` keeps the ring form's tiling, chunks, splits, decode and MMA and fills
-each slot with three TMA copies from one producer warp: 305 instructions a step of the MMA warps
+each slot with three TMA copies from one producer warp: 306 instructions a step of the MMA warps
 against the ring's 343 at 4 warps (gate_up at one token, sm_90 SASS, ``bench/sass_loop.py``).
 
 Filling the slots with TMA in the loop instead, one thread of the program issuing the copies
@@ -69,9 +69,10 @@ def ws_config(config: dict, warps: int, stages: int, programs: int) -> dict:
 
 def main(path: str, tiles_only: bool = False) -> None:
     """Every arm of the docstring; ``tiles_only`` (``--tiles``): each of ``WS_SHAPES`` launched a
-    program a tile only. On the H100 (488c899) the first persistent arm, Llama's qkv at one token
-    (384 tiles, 132 programs), never finished: that probe's call was cut after 420 s with only
-    the ring's two arms timed, where every one-tile-a-program case of the form's GPU test passed."""
+    program a tile only. On the H100 at 488c899 the first persistent arm, Llama's qkv at one token
+    (384 tiles, 132 programs), never finished (the MMA warps' step count was lost in the compiler,
+    ``linear_mma_ws_gluon._first_step``): that call was cut after 420 s with only the ring's two
+    arms timed."""
     from flashrt.bench.probe_decode_cost import SHAPES as LLAMA_SHAPES
     from flashrt.bench.probe_decode_cost import time_ring_arms
     from flashrt.kernels import linear_mma_gluon, linear_mma_ws_gluon

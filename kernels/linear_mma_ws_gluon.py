@@ -9,7 +9,7 @@ token 19.73 us against 16.48, ``bench/probe_decode_cost.py``, 4140803) is how it
 filled. There every thread computes the addresses of its 16-byte ``cp.async`` copies (64-bit
 adds), issues them (7 ``LDGSTS`` a step a thread at one token), counts them and meets the others
 at a CTA barrier. Here the MMA warps issue no copy and meet only among themselves: in the sm_90
-SASS (``bench/sass_loop.py``, the H200's Triton 3.6) one step of gate_up at one token is 305
+SASS (``bench/sass_loop.py``, the H200's Triton 3.6) one step of gate_up at one token is 306
 instructions with 2 barriers against the ring's 343 at 4 warps (337 at the 2 it is served with),
 and 328 against 379 at 16 tokens.
 
@@ -99,6 +99,23 @@ def _tile(tile, n_tiles, m_tiles, chunk_steps, BLOCK_N: gl.constexpr, BLOCK_M: g
 
 
 @gluon.jit
+def _first_step():
+    """The ring's step counter, which both partitions carry across a program's tiles, counting each
+    step they take. Carried out of the step loop: counted as ``done += steps`` beside that loop
+    (488c899), the MMA warps' count was lost (Triton 3.6's gluon-inline made their tile loop yield
+    its own argument), so each of their tiles began again at slot 0 and phase 0 while the producer
+    counted on, and a program's second tile waited forever (the H100,
+    ``bench/results/h100-probe-tma-ring-488c899.log``). Unsigned: its slot is a cheaper modulo."""
+    return gl.to_tensor(0).to(gl.uint32)
+
+
+@gluon.jit
+def _ring_place(it, STAGES: gl.constexpr):
+    """Step ``it``'s slot and the parity of its pass through the ring."""
+    return (it % STAGES).to(gl.int32), ((it // STAGES) & 1).to(gl.int32)
+
+
+@gluon.jit
 def _producer(
     words_desc, scales_desc, x_desc, words_ring, scales_ring, x_ring, full, empty, n_tiles, m_tiles, tiles,
     chunk_steps, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SPLIT_K: gl.constexpr,
@@ -119,21 +136,20 @@ def _producer(
             mbarrier.expect(full.index(i), NBYTES)
             _copy_weights(words_desc, scales_desc, words_ring, scales_ring, full.index(i), i, row0, first + i)
         gdc_wait()
-    done = 0  # steps copied before this tile's
+    it = _first_step()
     for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
         _, _, _, first, steps, row0, tok0 = _tile(
             tile, n_tiles, m_tiles, chunk_steps, BLOCK_N, BLOCK_M, SPLIT_K, CHUNKS
         )
-        for it in range(done, done + steps):
-            slot = it % STAGES
+        for at in range(first, first + steps):
+            slot, phase = _ring_place(it, STAGES)
             bar = full.index(slot)
-            at = first + it - done
             if it >= primed:
-                mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)
+                mbarrier.wait(empty.index(slot), phase ^ 1)
                 mbarrier.expect(bar, NBYTES)
                 _copy_weights(words_desc, scales_desc, words_ring, scales_ring, bar, slot, row0, at)
             _tma_load(x_desc, [tok0, 0, 4 * at, 0], bar, x_ring.index(slot))
-        done += steps
+            it += 1
 
 
 @gluon.jit
@@ -154,21 +170,21 @@ def _consumer(
     BLOCK_N: gl.constexpr = 16 * WARPS
     ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
     SCALES: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, words_layout(1, WARPS)))
-    done = 0  # steps taken before this tile's
+    it = _first_step()
     for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
         pid_n, pid_m, pid_k, _, steps, _, _ = _tile(
             tile, n_tiles, m_tiles, chunk_steps, BLOCK_N, BLOCK_M, SPLIT_K, CHUNKS
         )
         acc = gl.zeros([BLOCK_N, mma_tokens(BLOCK_M)], gl.float32, layout=ACC)
-        for it in range(done, done + steps):
-            slot = it % STAGES
-            mbarrier.wait(full.index(slot), (it // STAGES) & 1)
+        for _ in range(steps):
+            slot, phase = _ring_place(it, STAGES)
+            mbarrier.wait(full.index(slot), phase)
             words = words_ring.index(slot).reshape([BLOCK_N, 4, V // 2, 2]).load(words_layout(1, WARPS))
             scales = scales_ring.index(slot).reshape([BLOCK_N, 4]).load(SCALES)
             x = x_ring.index(slot).reshape([4 * BLOCK_M, 8 * V]).load(acts_load_layout(BLOCK_M, WARPS))
             mbarrier.arrive(empty.index(slot), count=1)
             acc = _times_activations(acc, _weights_fragment(words, scales, WARPS, LAYOUT), x, BLOCK_M, WARPS, LAYOUT)
-        done += steps
+            it += 1
         _store_product(
             acc, pid_n, pid_m, pid_k, out_ptr, bias_ptr, global_scale_ptr, M, N, stride_om, HAS_BIAS, BLOCK_M,
             SPLIT_K, CHUNKS, WARPS,

@@ -211,11 +211,13 @@ print("step", len(body), c["HMMA"], c["HMUL2"], c["LDGSTS"], c["BAR"])
 def test_the_tma_slots_leave_the_mma_warps_a_shorter_step_than_the_ring_s():
     """``linear_mma_ws_gluon`` in the tiling the H200 serves Llama's gate_up at one token with (2
     token rows, rows in 2 chunks), 4 MMA warps at two programs an SM (a register cap of 128),
-    built for sm_90 with the H200's Triton, with and without PDL: a step of the MMA warps is the
-    305 instructions its docstring says, 16 MMAs and 2 CTA barriers, no copy of their own; the
-    slots are filled by TMA (``cp.async.bulk.tensor``), the producer warpgroup's registers go to
-    the MMA warps (``setmaxnreg``), nothing spills. The ring form at 4 warps and its served 2
-    stages, counted the same way, is 343."""
+    built for sm_90 with the H200's Triton, with and without PDL: both partitions' tile loops carry
+    the ring's step count from one tile into the next (488c899's MMA warps lost theirs in the
+    compiler and hung on the H100), a step of the MMA warps is the 306 instructions its docstring
+    says, 16 MMAs and 2 CTA barriers, no copy of their own; the slots are filled by TMA
+    (``cp.async.bulk.tensor``), the producer warpgroup's registers go to the MMA warps
+    (``setmaxnreg``), nothing spills. The ring form at 4 warps and its served 2 stages, counted
+    the same way, is 343."""
     code = """
 from flashrt.bench import sass_loop
 from flashrt.kernels import build
@@ -228,12 +230,14 @@ for pdl in (False, True):
     c = sass_loop.mix(body)
     assert "cp.async.bulk.tensor" in k.asm["ptx"] and "setmaxnreg.dec" in k.asm["ptx"] and "STL" not in text, pdl
     assert ("griddepcontrol.wait" in k.asm["ptx"]) == pdl, pdl
+    counted = [line for line in k.asm["ttgir"].splitlines() if line.lstrip().startswith("%it = scf.for")]
+    assert len(counted) == 2 and all("iter_args(" in line for line in counted), counted  # a tile loop a partition
     print("step ws", pdl, len(body), c["HMMA"], c["BAR"], c["LDGSTS"])
 ring = sass_loop.find_build("linear_mma_gluon", WARPS=4, ROW_TILES=1, FOLD=False, **(tiling | {"STAGES": 2}))
 print("step ring", len(sass_loop.main_loop(sass_loop.sass(build.compile_for(ring, 90).asm["cubin"]))))
 """
     printed = _run_with("h200", code)
-    assert "step ws False 305 16 2 0" in printed and "step ws True 305 16 2 0" in printed, printed
+    assert "step ws False 306 16 2 0" in printed and "step ws True 306 16 2 0" in printed, printed
     assert "step ring 343" in printed, printed
 
 
