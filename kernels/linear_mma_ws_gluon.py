@@ -29,8 +29,10 @@ persistent: ``PROGRAMS`` an SM, each taking every so-many-th tile, its ring runn
 tile's steps into the next's (the producer fills the next tile's slots while the MMA warps store
 the last): a program's ring fills once, not once a tile.
 
-Not timed on a GPU yet, so not offered unless ``OFFERED`` (``--mma-ws`` on the ``kernels`` and
-``e2e`` benchmarks); ``bench/probe_tma_ring.py`` times its shapes against the served ring. A
+Not timed on a GPU yet (on an H100 its one-tile-a-program cases were right and a program's
+second tile hung, ``_first_step`` says why; fixed, not yet rerun), so not offered unless
+``OFFERED`` (``--mma-ws`` on the ``kernels`` and ``e2e`` benchmarks);
+``bench/probe_tma_ring.py`` times its shapes against the served ring. A
 wait on an mbarrier that never completes hangs the GPU: its GPU test runs in a process of its own.
 """
 
