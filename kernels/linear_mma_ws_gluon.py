@@ -11,7 +11,7 @@ adds), issues them (7 ``LDGSTS`` a step a thread at one token), counts them and 
 at a CTA barrier. Here the MMA warps issue no copy and meet only among themselves: in the sm_90
 SASS (``bench/sass_loop.py``, the H200's Triton 3.6) one step of gate_up at one token is 306
 instructions with 2 barriers against the ring's 343 at 4 warps (337 at the 2 it is served with),
-and 328 against 379 at 16 tokens.
+and 329 against 379 at 16 tokens.
 
 The boxes land in the layouts the ring's loads already read: 128-byte swizzling XORs a row's
 16-byte chunk with the row, as ``linear_mma_gluon.words_shared_layout`` and the activations'
