@@ -22,7 +22,8 @@ config has fewer, and the form in the served config's tiling at each of ``WS_SHA
 than the form offers, to choose its ``SHAPES`` from; two of them also a program a tile), each
 checked against the reference first, then timed as the adjudicator times (``ops._time_us``),
 with the read-only floor of ``probe_rows`` at one token. A win is what makes the form offered
-by default (``linear_mma_ws_gluon.OFFERED``).
+by default (``linear_mma_ws_gluon.OFFERED``); on an H100 at 22973c7 it won the LM head only
+(``docs/benchmarks.md``, session 56).
 
 ``python3 bench/probe_tma_ring.py OUT.json [--tiles]`` with flashrt importable (``bench/gpu_run.sh``).
 A kernel that waits on an mbarrier that never completes hangs the GPU: run it under ``timeout``.

@@ -29,11 +29,13 @@ persistent: ``PROGRAMS`` an SM, each taking every so-many-th tile, its ring runn
 tile's steps into the next's (the producer fills the next tile's slots while the MMA warps store
 the last): a program's ring fills once, not once a tile.
 
-Not timed on a GPU yet (on an H100 its one-tile-a-program cases were right and a program's
-second tile hung, ``_first_step`` says why; fixed, not yet rerun), so not offered unless
-``OFFERED`` (``--mma-ws`` on the ``kernels`` and ``e2e`` benchmarks);
-``bench/probe_tma_ring.py`` times its shapes against the served ring. A
-wait on an mbarrier that never completes hangs the GPU: its GPU test runs in a process of its own.
+Not offered unless ``OFFERED`` (``--mma-ws`` on the ``kernels`` and ``e2e`` benchmarks): fewer
+instructions did not make it faster. On an H100, twice at 22973c7 (``bench/probe_tma_ring.py``,
+``bench/results/h100-probe-tma-ring-22973c7*.json``), the served ring beat it on Llama's and
+Qwen3-30B's layers at 1, 8 and 16 tokens (by 17-25% on Llama's qkv at one token) but for the
+LM head, where the form ran 2.5-4.7% faster at 1 and 16 tokens, and ties on Llama's gate_up at 8
+and 16. Not timed on an H200 or on Blackwell. A wait on an mbarrier that never completes hangs
+the GPU (488c899's lost step count, ``_first_step``): its GPU test runs in a process of its own.
 """
 
 from __future__ import annotations
@@ -66,10 +68,13 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
-# Offered to the adjudicator: off until a GPU has timed it (``bench/probe_tma_ring.py``).
+# Offered to the adjudicator: off, since the ring won where a GPU timed both (the module's
+# docstring); the LM head's 3 us a step does not pay for every shape's extra candidates at attach.
 OFFERED = False
 # (MMA warps, stages, programs an SM): 4 MMA warps at two and three programs an SM (register caps
-# 128 and 80; no spills at 80 in the sm_90 build), 4 and 6 stages, and 8 MMA warps at one.
+# 128 and 80; no spills at 80 in the sm_90 build), 4 and 6 stages, and 8 MMA warps at one. On the
+# H100 (22973c7) 3 stages won 31 of the probe's 36 rows, 4 the rest: offered again, these would be
+# (4, 3, 2) and (4, 3, 3).
 SHAPES = ((4, 4, 2), (4, 6, 2), (4, 4, 3), (8, 4, 1))
 # An SM's shared memory (sm_90, sm_100): a config whose programs' rings would not fit together is left out.
 SM_SHARED_BYTES = 228 << 10
