@@ -9,11 +9,15 @@ is 32 bits and the decode does not care where they sit, so a layout can be chose
 
 * pair ``q`` holds elements ``2q`` and ``2q + 1``, K-neighbours, so the activations are read as
   they lie;
-* each pair's bits sit where rotating the word right by ``MAGNITUDE_ROTATION[q]`` puts its
-  magnitudes and by ``SIGN_ROTATION[q]`` its signs. An exhaustive search over the rotations
-  (every pair's bits are then a rotation of bits 6-8 and 15 of both halves) finds no layout
-  where each pair needs one rotation; the fewest instructions are 15 a word (against 19): one
-  pair with its magnitudes in place, two with one rotation for both, one with two.
+* each pair's bits sit where shifting the word left by ``MAGNITUDE_SHIFT[q]`` (right where
+  negative) puts its magnitudes and by ``SIGN_SHIFT[q]`` its signs, then one mask each. Left
+  shifts, not rotations: ptxas makes a left shift by a constant an ``IMAD.SHL`` on the FMA pipe,
+  where ``SHF`` and ``LOP3`` share the integer pipe, which on sm_90 takes half as many warp
+  instructions a cycle as the FMA pipe (H100, ``bench/probe_pipes.py``). That pipe carries the
+  decode: 205 of the one-token step's 337 instructions. An exhaustive search over single shifts
+  (``bench/probe_pipes.layouts``) finds no layout of four one-shift pairs; the fewest
+  integer-pipe instructions are 7 a word: two pairs of one shift (one of them none), two of
+  two, one shift right. The rotations this layout had until session 56 took 11 (5 ``SHF``).
 
 ``pack`` is a permutation of each word's 32 bits and ``unpack`` its inverse: bit-exact both
 ways, so a seat can give back the checkpoint's bytes.
@@ -35,25 +39,26 @@ import triton.language as tl
 # What ``NVFP4Weight.layout`` holds: the checkpoint's nibbles, or this layout's bits.
 CHECKPOINT = 0
 RING = 1
-MAGNITUDE_ROTATION = (0, 3, 6, 9)
-SIGN_ROTATION = (4, 3, 6, 5)
+MAGNITUDE_SHIFT = (0, 3, -3, 6)
+SIGN_SHIFT = (0, 3, 1, 2)
 MAGNITUDE_MASK = 0x01C001C0
 SIGN_MASK = 0x80008000
 
 
 def _source_bits() -> list[list[int]]:
-    """``[element][code bit]`` -> the bit of the word that holds it (code bits m, e0, e1, sign)."""
+    """``[element][code bit]`` -> the bit of the word that holds it (code bits m, e0, e1, sign):
+    the bit that a pair's shift moves onto the bf16 bit the decode wants there."""
     out = []
     for element in range(8):
         q, high = divmod(element, 2)
         base = 16 * high
-        bits = [(base + 6 + j + MAGNITUDE_ROTATION[q]) % 32 for j in range(3)]
-        out.append([*bits, (base + 15 + SIGN_ROTATION[q]) % 32])
+        bits = [base + 6 + j - MAGNITUDE_SHIFT[q] for j in range(3)]
+        out.append([*bits, base + 15 - SIGN_SHIFT[q]])
     return out
 
 
 SOURCE_BITS = _source_bits()
-assert sorted(b for bits in SOURCE_BITS for b in bits) == list(range(32)), "the rotations must tile the word"
+assert sorted(b for bits in SOURCE_BITS for b in bits) == list(range(32)), "the shifts must tile the word"
 
 
 def _words(packed: torch.Tensor) -> torch.Tensor:
@@ -86,21 +91,25 @@ def unpack(packed: torch.Tensor) -> torch.Tensor:
     return _moved(_words(packed), [(dst, src) for src, dst in _MOVES]).view(torch.uint8).view(packed.shape)
 
 
+def _shift_ptx(dst: str, amount: int) -> str:
+    if amount > 0:
+        return f"shl.b32 {dst}, $4, {amount};"
+    if amount < 0:
+        return f"shr.b32 {dst}, $4, {-amount};"
+    return f"mov.b32 {dst}, $4;"
+
+
 def decode_ptx() -> str:
     """PTX: the four bf16 pairs ``$0..$3`` of word ``$4`` (pair q: elements 2q, 2q + 1), each
     times the bf16 scale ``$5`` in both halves."""
     lines = ["{", ".reg .b32 m, s, scale2;", "mov.b32 scale2, {$5, $5};"]
     for q in range(4):
-        a, b = MAGNITUDE_ROTATION[q], SIGN_ROTATION[q]
-        src = "$4"
-        if a:
-            lines.append(f"shf.r.wrap.b32 m, $4, $4, {a};")
-            src = "m"
+        a, b = MAGNITUDE_SHIFT[q], SIGN_SHIFT[q]
+        lines.append(_shift_ptx("m", a))
         if a == b:
-            lines.append(f"and.b32 m, {src}, {MAGNITUDE_MASK | SIGN_MASK:#010x};")
+            lines.append(f"and.b32 m, m, {MAGNITUDE_MASK | SIGN_MASK:#010x};")
         else:
-            lines.append(f"and.b32 m, {src}, {MAGNITUDE_MASK:#010x};")
-            lines.append(f"shf.r.wrap.b32 s, $4, $4, {b};" if b else "mov.b32 s, $4;")
+            lines += [f"and.b32 m, m, {MAGNITUDE_MASK:#010x};", _shift_ptx("s", b)]
             lines += [f"and.b32 s, s, {SIGN_MASK:#010x};", "or.b32 m, m, s;"]
         lines.append(f"mul.rn.bf16x2 ${q}, m, scale2;")
     return "\n".join([*lines, "}"])
@@ -111,34 +120,34 @@ def bf16_bits(words: torch.Tensor) -> torch.Tensor:
     element order, each ``e2m1 * 2**-126``; what CI checks the PTX's constants with."""
     w = words.to(torch.int64) & 0xFFFFFFFF
 
-    def rotr(n: int) -> torch.Tensor:
-        return ((w >> n) | (w << (32 - n))) & 0xFFFFFFFF if n else w
+    def shifted(n: int) -> torch.Tensor:
+        return (w << n) & 0xFFFFFFFF if n >= 0 else w >> -n
 
     out = torch.empty(*words.shape, 8, dtype=torch.bfloat16)
     for q in range(4):
-        pair = ((rotr(MAGNITUDE_ROTATION[q]) & MAGNITUDE_MASK) | (rotr(SIGN_ROTATION[q]) & SIGN_MASK)).to(torch.int32)
+        pair = ((shifted(MAGNITUDE_SHIFT[q]) & MAGNITUDE_MASK) | (shifted(SIGN_SHIFT[q]) & SIGN_MASK)).to(torch.int32)
         out[..., 2 * q] = (pair & 0xFFFF).to(torch.int16).view(torch.bfloat16)
         out[..., 2 * q + 1] = ((pair >> 16) & 0xFFFF).to(torch.int16).view(torch.bfloat16)
     return out
 
 
-_MAGNITUDE_ROTATION = tl.constexpr(MAGNITUDE_ROTATION)
-_SIGN_ROTATION = tl.constexpr(SIGN_ROTATION)
+_MAGNITUDE_SHIFT = tl.constexpr(MAGNITUDE_SHIFT)
+_SIGN_SHIFT = tl.constexpr(SIGN_SHIFT)
 
 
 @triton.jit
-def _rotr(w, n: tl.constexpr):
-    if n == 0:
-        return w
+def _shifted(w, n: tl.constexpr):
+    if n >= 0:
+        return w << n
     else:
-        return (w >> n) | (w << (32 - n))
+        return w >> -n
 
 
 @triton.jit
 def _checkpoint_byte(w, A: tl.constexpr, B: tl.constexpr):
-    """Checkpoint byte q (elements 2q, 2q + 1) of ring words ``w`` (uint32), its rotations A and B."""
-    m = _rotr(w, A)
-    s = _rotr(w, B)
+    """Checkpoint byte q (elements 2q, 2q + 1) of ring words ``w`` (uint32), pair q's shifts A and B."""
+    m = _shifted(w, A)
+    s = _shifted(w, B)
     return (((m >> 6) & 0x7) | ((s >> 12) & 0x8) | ((m >> 18) & 0x70) | ((s >> 24) & 0x80)).to(tl.uint8)
 
 
@@ -150,8 +159,8 @@ def checkpoint_bytes(codes):
     B: tl.constexpr = codes.shape[1]
     shifts = tl.arange(0, 4) * 8
     w = tl.sum(tl.reshape(codes, (R, B // 4, 4)).to(tl.uint32) << shifts[None, None, :], axis=2)
-    b0 = _checkpoint_byte(w, _MAGNITUDE_ROTATION[0], _SIGN_ROTATION[0])
-    b1 = _checkpoint_byte(w, _MAGNITUDE_ROTATION[1], _SIGN_ROTATION[1])
-    b2 = _checkpoint_byte(w, _MAGNITUDE_ROTATION[2], _SIGN_ROTATION[2])
-    b3 = _checkpoint_byte(w, _MAGNITUDE_ROTATION[3], _SIGN_ROTATION[3])
+    b0 = _checkpoint_byte(w, _MAGNITUDE_SHIFT[0], _SIGN_SHIFT[0])
+    b1 = _checkpoint_byte(w, _MAGNITUDE_SHIFT[1], _SIGN_SHIFT[1])
+    b2 = _checkpoint_byte(w, _MAGNITUDE_SHIFT[2], _SIGN_SHIFT[2])
+    b3 = _checkpoint_byte(w, _MAGNITUDE_SHIFT[3], _SIGN_SHIFT[3])
     return tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)), (R, B))  # [.., a, b]: byte 2a + b

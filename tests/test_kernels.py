@@ -226,7 +226,7 @@ RING_LAYOUT_CASES = [
 @pytest.mark.parametrize(("form", "m"), RING_LAYOUT_CASES)
 def test_linear_forms_read_the_ring_layout(form, m, device):
     """The forms that read ``ring_layout`` give the reference's product on a weight repacked in
-    it, the decode (pairs of K-neighbours, rotations) and the activation order (none gathered,
+    it, the decode (pairs of K-neighbours, shifts) and the activation order (none gathered,
     or ``permute_steps``' other order) included; every Gluon config of the shape on a GPU."""
     n, k = (200, 2048) if not ON_GPU else (1000, 2048)
     q = nvfp4.quantize(torch.randn(n, k, dtype=torch.bfloat16, device=device))
