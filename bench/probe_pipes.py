@@ -1,16 +1,20 @@
 """Which of an SM's pipes the ring decode's instructions take, and the bit layouts that spare the busiest.
 
-On sm_90 ``LOP3``, ``SHF`` and ``PRMT`` issue to the integer pipe, ``HMUL2`` and ``IMAD`` to the
-FMA pipes, the E4M3 pair conversion (``F2FP``) to its own. The ring's one-token step
-(``bench/sass_loop.py``, Llama's gate_up, 337 instructions) put 205 on the integer pipe, 182 of
-them the decode's ``LOP3``/``SHF``. A left shift by a constant is an ``IMAD.SHL`` to ptxas (a
-rotation stays an ``SHF``), so a layout whose pairs are reached by left shifts moves the decode's
-shifts to another pipe: ``layouts()`` searches them.
+On sm_90 ``LOP3``, ``SHF`` and ``PRMT`` issue to the integer pipe, which takes half as many warp
+instructions a cycle as the FMA pipes that take ``HMUL2`` and ``IMAD`` (H100, 658570b,
+``bench/results/h100-probe-pipes-658570b.json``, warp instructions an SM a nanosecond: ``LOP3``
+3.73, ``SHF`` 3.59, ``PRMT`` 3.60, the E4M3 pair conversion 3.46, ``HMUL2`` 6.61; ``LOP3`` and
+``SHF`` alternated 3.84, ``LOP3`` and ``IMAD.SHL`` alternated 6.87: two pipes). The ring's
+one-token step (``bench/sass_loop.py``, Llama's gate_up, 337 instructions) put 205 on the
+integer pipe, 182 of them the decode's ``LOP3``/``SHF``. A left shift by a constant is an
+``IMAD.SHL`` to ptxas (a rotation stays an ``SHF``), so a layout whose pairs are reached by left
+shifts moves the decode's shifts to the FMA pipe: ``layouts()`` searches them, and
+``ring_layout`` took one of the best (133 integer-pipe instructions a step). It bought 0.5-0.9%
+(``bench/probe_shift_layout.py``): the integer pipe was not what the ring waits on.
 
 ``python3 bench/probe_pipes.py OUT.json`` on a GPU: each instruction in eight independent chains a
-thread, a full SM of warps, warp instructions an SM a nanosecond; ``lop3+imad.shl`` alternates the
-two (near twice either alone if their pipes differ). Without a GPU: ``python3 bench/probe_pipes.py
---layouts`` prints the search's best layouts.
+thread, a full SM of warps; ``lop3+imad.shl`` alternates the two (a chain of shifts alone ptxas
+folds away). Without a GPU, ``python3 bench/probe_pipes.py --layouts`` prints the best layouts.
 """
 
 from __future__ import annotations
@@ -26,7 +30,6 @@ import triton.language as tl
 CHAINS = {
     "lop3": ("lop3.b32 $0, $1, 0x0F0F0F0F, 0x33333333, 0x96;", 1),
     "shf.r.wrap": ("shf.r.wrap.b32 $0, $1, $1, 3;", 1),
-    "imad.shl": ("shl.b32 $0, $1, 3;", 1),
     "prmt": ("prmt.b32 $0, $1, 0x76543210, 0x3210;", 1),
     "hmul2.bf16": ("mul.rn.bf16x2 $0, $1, $1;", 1),
     "f2fp.e4m3x2": ("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $1; cvt.rn.f16x2.e4m3x2 $0, lo; }", 1),
@@ -103,16 +106,23 @@ def layouts(top: int = 10) -> list[tuple[int, int, tuple]]:
             bits = m + s if m and s and not set(m) & set(s) else None
         if bits:
             pairs[(a, b)] = frozenset(bits)
+
+    def covers(free: frozenset, chosen: tuple):
+        """Every set of pairs that tiles ``free`` exactly, each taken by its lowest bit."""
+        if not free:
+            yield chosen
+            return
+        low = min(free)
+        for shift, bits in pairs.items():
+            if low in bits and bits <= free:
+                yield from covers(free - bits, (*chosen, shift))
+
     found = []
-    for combo in itertools.combinations(pairs.items(), 4):
-        sets = [bits for _, bits in combo]
-        if len(frozenset().union(*sets)) != 32:
-            continue
-        shifts = [shift for shift, _ in combo]
+    for shifts in covers(frozenset(range(32)), ()):
         lop3 = sum(1 if a == b else 2 for a, b in shifts)
         right = sum((a < 0) + (b < 0 and b != a) for a, b in shifts)
         left = sum((a > 0) + (b > 0 and b != a) for a, b in shifts)
-        found.append((lop3 + right, lop3 + right + left, tuple(shifts)))
+        found.append((lop3 + right, lop3 + right + left, tuple(sorted(shifts))))
     return sorted(found)[:top]
 
 

@@ -8,7 +8,7 @@ configs, each checked against the reference first, then timed from HBM (``ops._t
 * ``checkpoint``: the checkpoint's layout, the scale bytes moved into bf16 bits and two
   ``mul.bf16x2`` (453; through fp32 it was 469);
 * ``ring``: the weight repacked in ``ring_layout`` (pairs that are K-neighbours, each a rotation
-  or two from its bits; 359).
+  or two from its bits at fd70e4d, a left shift or two since session 56; 359).
 
 The first run (fd70e4d, ``h200-probe-ring-layout-fd70e4d.json``) also timed the scales through
 fp32 (``head``): the new scales gave the same bits, 0-2% faster.

@@ -2,7 +2,9 @@
 
 ``ring_layout`` placed each pair's bits by rotations until session 56 (11 integer-pipe
 instructions a word, 205 a one-token step) and now by left shifts that ptxas makes ``IMAD.SHL``
-(7 a word, 133 a step, the same 337 instructions in all; ``bench/probe_pipes.py``). A layout is a
+(7 a word, 133 a step, 338 instructions in all against 337; ``bench/probe_pipes.py``). On an
+H100 (``h100-probe-shift-layout-9c3aada-658570b.json``) the shifts ran 0.5-0.9% faster in the
+geometric mean at 1, 8 and 16 tokens, inside one tree's run-to-run spread. A layout is a
 bit permutation inside each word, so this probe has no arms: it times the ring form in the
 config the tuning cache serves, for Llama-3-8B's four layers, the LM head and Qwen3-30B's
 attention projections at 1, 8 and 16 tokens (``probe_decode_cost.time_ring_arms``, each

@@ -40,7 +40,7 @@ other form, o 6.6 against 7.4, down 14.6 against 16.2, gate_up 24.7 against 25.5
 
 On Hopper a seat holds its weight in ``ring_layout`` (``LAYOUT``): each word's bits permuted so
 pair q is the K-neighbours 2q and 2q + 1 (the activations read as they lie, no ``PRMT``s) and
-each pair a rotation or two from its bits, 15 instructions a word against 19. With the scale
+each pair a shift or two from its bits, 15 instructions a word against 19. With the scale
 bytes moved into bf16 bits (``_scales_ptx``), the main loop is 359 SASS instructions a step
 against 469 (sm_90, 8 tokens); H200, the same configs (``bench/probe_ring_layout.py``,
 ``h200-probe-ring-layout-fd70e4d.json``): 1.03-1.12x faster at 1 and 8 tokens, Llama-3-8B's

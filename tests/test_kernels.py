@@ -1205,6 +1205,21 @@ def test_ring_layout_moves_every_bit_of_a_word_and_back():
         ring_layout.pack(raw[..., :6])
 
 
+def test_ring_layout_takes_the_fewest_integer_pipe_instructions_a_word():
+    """``ring_layout``'s shifts are one of the layouts ``bench/probe_pipes.layouts`` finds with the
+    fewest integer-pipe instructions a word (7: the rotations it had took 11), and its PTX shifts
+    right once a word, where ptxas cannot use ``IMAD.SHL``."""
+    from flashrt.bench.probe_pipes import layouts
+
+    found = layouts(top=10_000)
+    fewest = found[0][0]
+    ours = sorted(zip(ring_layout.MAGNITUDE_SHIFT, ring_layout.SIGN_SHIFT, strict=True))
+    assert fewest == 7
+    assert [sorted(shifts) for integer, _, shifts in found if integer == fewest].count(ours) == 1
+    ptx = ring_layout.decode_ptx()
+    assert ptx.count("shr.b32") == 1 and ptx.count("shl.b32") == 4 and "shf." not in ptx
+
+
 def test_ring_decode_ptx_gives_every_code_of_a_word_in_element_order():
     """The PTX the ring forms run on ``ring_layout``'s words, emulated instruction by instruction:
     pair q is elements 2q and 2q + 1, each ``e2m1 * 2**-126`` times the scale (1 here), subnormal
