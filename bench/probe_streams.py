@@ -1,19 +1,21 @@
-"""What the one-token ring waits on: its weight words, its scale bytes, or neither.
+"""What the one-token ring waits on: HBM, or its own time.
 
 Two cuts of the ring's own instructions bought nothing: the tile-slot form's 37 fewer a step
 (``bench/probe_tma_ring.py``) and the shift layout's third fewer on the integer pipe
-(``bench/probe_shift_layout.py``). So this probe takes bytes away instead. The ring as served
-(``bench/tuning``'s config, ``ring_layout``) runs four ways on the same activations:
+(``bench/probe_shift_layout.py``). So this probe changes where the bytes come from instead. The
+ring as served (``bench/tuning``'s config, ``ring_layout``) runs on the same activations:
 
-- ``served``: the weight as a seat holds it;
-- ``scales_l2``: every row's scale bytes are row 0's (a stride-0 view: after the first program,
-  from L2), the words as served;
-- ``words_l2``: every row's words are row 0's, the scales as served;
-- ``both_l2``: both, so HBM serves almost nothing and what is left is the kernel's own time.
+- ``served``: the weight as a seat holds it, from HBM;
+- ``scales_l2``: every row's scale bytes row 0's (a stride-0 view), the words as served;
+- ``part_hbm`` and ``part_l2``: the weight's first rows, as many as make ``PART_BYTES`` (a third
+  of the H100's and H200's 50 MB L2), from HBM (the L2 flushed before each call) and from L2
+  (the same call replayed back to back): how far HBM is from the kernel's own time.
 
-Each is checked against the reference of the weight it reads (row 0 repeated where the view
-repeats it), then timed as the adjudicator times (``ops._time_us``, L2 flushed before each
-call), with the read-only floor (``probe_rows.read_us``) of the whole weight.
+A stride-0 view of the words too was tried first (830aea1): every program then read the same
+few L2 lines, and the kernel ran 1.1-2.8x slower than served. L2 serves one hot line slowly.
+
+Each arm is checked against the reference of the weight it reads, then timed: from HBM as the
+adjudicator times (``ops._time_us``), from L2 by ``resident_us``.
 
 ``python3 bench/probe_streams.py OUT.json`` with flashrt importable (``bench/gpu_run.sh``).
 """
@@ -23,6 +25,31 @@ from __future__ import annotations
 import sys
 
 TOKENS = (1, 16)
+PART_BYTES = 16 << 20
+
+
+def resident_us(fn, calls: int = 16, replays: int = 7) -> float:
+    """Device microseconds a call whose operands stay in L2: ``calls`` calls back to back in one
+    CUDA graph, no flush; median of replays."""
+    import statistics
+
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(times)
 
 
 def _repeated(t, rows: bool):
@@ -50,20 +77,24 @@ def main(path: str) -> None:
         cfg = {**config, "LAYOUT": ring_layout.RING}
         out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
         row = {"shape": shape, "N": n, "K": k, "M": m, "config": config, "arms": {}}
-        for arm, words_l2, scales_l2 in (
-            ("served", False, False),
-            ("scales_l2", False, True),
-            ("words_l2", True, False),
-            ("both_l2", True, True),
-        ):
-            read = nvfp4.NVFP4Weight(
-                _repeated(w.packed, words_l2).contiguous(), _repeated(w.scales, scales_l2).contiguous(), w.global_scale
-            )
-            ref = ops.linear_reference(x, read)
-            packed, scales = _repeated(ring, words_l2), _repeated(w.scales, scales_l2)
-            run = functools.partial(linear_mma_gluon.launch, x, packed, scales, w.global_scale, None, out, cfg, True)
-            row["arms"][arm] = figure = timed(run, out, ref)
+        for arm, scales_l2 in (("served", False), ("scales_l2", True)):
+            read = nvfp4.NVFP4Weight(w.packed, _repeated(w.scales, scales_l2).contiguous(), w.global_scale)
+            scales = _repeated(w.scales, scales_l2)
+            run = functools.partial(linear_mma_gluon.launch, x, ring, scales, w.global_scale, None, out, cfg, True)
+            row["arms"][arm] = figure = timed(run, out, ops.linear_reference(x, read))
             print(f"{shape:14s} M={m:2d} {arm:10s} {json.dumps(figure)}", flush=True)
+        part = min(n, PART_BYTES // (k // 2 + k // 16))
+        part_w = nvfp4.NVFP4Weight(w.packed[:part], w.scales[:part], w.global_scale)
+        part_out = out[:, :part]
+        run = functools.partial(
+            linear_mma_gluon.launch, x, ring[:part], w.scales[:part], w.global_scale, None, part_out, cfg, True
+        )
+        row["part_rows"] = part
+        row["arms"]["part_hbm"] = figure = timed(run, part_out, ops.linear_reference(x, part_w))
+        if figure["us"] is not None:
+            row["arms"]["part_l2"] = {"rel_err": figure["rel_err"], "us": resident_us(run)}
+        print(f"{shape:14s} M={m:2d} {part} rows: {json.dumps(row['arms'].get('part_hbm'))} "
+              f"{json.dumps(row['arms'].get('part_l2'))}", flush=True)  # fmt: skip
         if m == 1:
             row["read_us"], row["read_tiling"] = read_us(w)
         result["rows"].append(row)
