@@ -18,6 +18,10 @@ Each arm is checked against the reference of the weight it reads, then timed: fr
 adjudicator times (``ops._time_us``), from L2 by ``resident_us``.
 
 ``python3 bench/probe_streams.py OUT.json`` with flashrt importable (``bench/gpu_run.sh``).
+
+H100 (830aea1, 3350f27; docs/benchmarks.md, session 56): scales from L2 took 9-14% off the long
+layers (they are 11% of the bytes); 16 MB of a layer from HBM took 1.3-2.7 us more than from L2,
+a third or more of either call the kernel's start and end.
 """
 
 from __future__ import annotations
