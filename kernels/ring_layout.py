@@ -13,11 +13,14 @@ is 32 bits and the decode does not care where they sit, so a layout can be chose
   negative) puts its magnitudes and by ``SIGN_SHIFT[q]`` its signs, then one mask each. Left
   shifts, not rotations: ptxas makes a left shift by a constant an ``IMAD.SHL`` on the FMA pipe,
   where ``SHF`` and ``LOP3`` share the integer pipe, which on sm_90 takes half as many warp
-  instructions a cycle as the FMA pipe (H100, ``bench/probe_pipes.py``). That pipe carries the
-  decode: 205 of the one-token step's 337 instructions. An exhaustive search over single shifts
-  (``bench/probe_pipes.layouts``) finds no layout of four one-shift pairs; the fewest
-  integer-pipe instructions are 7 a word: two pairs of one shift (one of them none), two of
-  two, one shift right. The rotations this layout had until session 56 took 11 (5 ``SHF``).
+  instructions a cycle as the FMA pipe (H100, ``bench/probe_pipes.py``). An exhaustive search
+  over single shifts (``bench/probe_pipes.layouts``) finds no layout of four one-shift pairs;
+  the fewest integer-pipe instructions are 7 a word: two pairs of one shift (one of them none),
+  two of two, one shift right. The rotations this layout had until session 56 took 11 (5
+  ``SHF``), 205 of the one-token step's 337 instructions on that pipe; now 133 of 338. On an
+  H100 that bought 0.5-0.9%, from HBM and from L2 alike within the runs' spread
+  (``bench/probe_shift_layout.py``, ``bench/probe_streams.py``): the ring does not wait on
+  that pipe there. The H200, whose HBM is faster for the same SMs, has not timed it.
 
 ``pack`` is a permutation of each word's 32 bits and ``unpack`` its inverse: bit-exact both
 ways, so a seat can give back the checkpoint's bytes.
@@ -35,6 +38,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from flashrt.kernels.decode import shift_ptx
 
 # What ``NVFP4Weight.layout`` holds: the checkpoint's nibbles, or this layout's bits.
 CHECKPOINT = 0
@@ -91,25 +95,17 @@ def unpack(packed: torch.Tensor) -> torch.Tensor:
     return _moved(_words(packed), [(dst, src) for src, dst in _MOVES]).view(torch.uint8).view(packed.shape)
 
 
-def _shift_ptx(dst: str, amount: int) -> str:
-    if amount > 0:
-        return f"shl.b32 {dst}, $4, {amount};"
-    if amount < 0:
-        return f"shr.b32 {dst}, $4, {-amount};"
-    return f"mov.b32 {dst}, $4;"
-
-
 def decode_ptx() -> str:
     """PTX: the four bf16 pairs ``$0..$3`` of word ``$4`` (pair q: elements 2q, 2q + 1), each
     times the bf16 scale ``$5`` in both halves."""
     lines = ["{", ".reg .b32 m, s, scale2;", "mov.b32 scale2, {$5, $5};"]
     for q in range(4):
         a, b = MAGNITUDE_SHIFT[q], SIGN_SHIFT[q]
-        lines.append(_shift_ptx("m", a))
+        lines.append(shift_ptx("m", "$4", a))
         if a == b:
             lines.append(f"and.b32 m, m, {MAGNITUDE_MASK | SIGN_MASK:#010x};")
         else:
-            lines += [f"and.b32 m, m, {MAGNITUDE_MASK:#010x};", _shift_ptx("s", b)]
+            lines += [f"and.b32 m, m, {MAGNITUDE_MASK:#010x};", shift_ptx("s", "$4", b)]
             lines += [f"and.b32 s, s, {SIGN_MASK:#010x};", "or.b32 m, m, s;"]
         lines.append(f"mul.rn.bf16x2 ${q}, m, scale2;")
     return "\n".join([*lines, "}"])
