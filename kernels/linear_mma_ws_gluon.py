@@ -72,10 +72,10 @@ _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 # docstring); the LM head's 3 us a step does not pay for every shape's extra candidates at attach.
 OFFERED = False
 # (MMA warps, stages, programs an SM): 4 MMA warps at two and three programs an SM (register caps
-# 128 and 80; no spills at 80 in the sm_90 build), 4 and 6 stages, and 8 MMA warps at one. On the
-# H100 (22973c7) 3 stages won 31 of the probe's 36 rows, 4 the rest: offered again, these would be
-# (4, 3, 2) and (4, 3, 3).
-SHAPES = ((4, 4, 2), (4, 6, 2), (4, 4, 3), (8, 4, 1))
+# 128 and 80; no spills at 80 in the sm_90 build), 3 and 4 stages. On the H100 (22973c7, both
+# probe runs) these four were the fastest shape in all 36 rows, 3 stages in 31; 6 stages and 8
+# MMA warps never were, and are no longer offered.
+SHAPES = ((4, 3, 2), (4, 3, 3), (4, 4, 2), (4, 4, 3))
 # An SM's shared memory (sm_90, sm_100): a config whose programs' rings would not fit together is left out.
 SM_SHARED_BYTES = 228 << 10
 # The weight's bits as the checkpoint has them (Blackwell's and Thor's seats) or in ``ring_layout``
