@@ -82,8 +82,8 @@ def main(path: str) -> None:
         out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
         row = {"shape": shape, "N": n, "K": k, "M": m, "config": config, "arms": {}}
         for arm, scales_l2 in (("served", False), ("scales_l2", True)):
-            read = nvfp4.NVFP4Weight(w.packed, _repeated(w.scales, scales_l2).contiguous(), w.global_scale)
             scales = _repeated(w.scales, scales_l2)
+            read = nvfp4.NVFP4Weight(w.packed, scales.contiguous(), w.global_scale)
             run = functools.partial(linear_mma_gluon.launch, x, ring, scales, w.global_scale, None, out, cfg, True)
             row["arms"][arm] = figure = timed(run, out, ops.linear_reference(x, read))
             print(f"{shape:14s} M={m:2d} {arm:10s} {json.dumps(figure)}", flush=True)

@@ -38,7 +38,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from flashrt.kernels.decode import shift_ptx
+from flashrt.kernels.decode import placed_pairs, shift_ptx
 
 # What ``NVFP4Weight.layout`` holds: the checkpoint's nibbles, or this layout's bits.
 CHECKPOINT = 0
@@ -113,18 +113,10 @@ def decode_ptx() -> str:
 
 def bf16_bits(words: torch.Tensor) -> torch.Tensor:
     """``decode_ptx``'s bit placement in plain torch: int32 words -> bfloat16 ``[..., 8]`` in
-    element order, each ``e2m1 * 2**-126``; what CI checks the PTX's constants with."""
-    w = words.to(torch.int64) & 0xFFFFFFFF
-
-    def shifted(n: int) -> torch.Tensor:
-        return (w << n) & 0xFFFFFFFF if n >= 0 else w >> -n
-
-    out = torch.empty(*words.shape, 8, dtype=torch.bfloat16)
-    for q in range(4):
-        pair = ((shifted(MAGNITUDE_SHIFT[q]) & MAGNITUDE_MASK) | (shifted(SIGN_SHIFT[q]) & SIGN_MASK)).to(torch.int32)
-        out[..., 2 * q] = (pair & 0xFFFF).to(torch.int16).view(torch.bfloat16)
-        out[..., 2 * q + 1] = ((pair >> 16) & 0xFFFF).to(torch.int16).view(torch.bfloat16)
-    return out
+    element order, each ``e2m1 * 2**-126``; what CI checks the PTX's constants with.
+    ``decode.placed_pairs`` places pair q's halves as elements q and q + 4; here they are 2q and 2q + 1."""
+    pairs = placed_pairs(words, MAGNITUDE_SHIFT, SIGN_SHIFT, MAGNITUDE_MASK, SIGN_MASK, torch.bfloat16)
+    return pairs[..., [0, 4, 1, 5, 2, 6, 3, 7]]
 
 
 _MAGNITUDE_SHIFT = tl.constexpr(MAGNITUDE_SHIFT)
