@@ -122,6 +122,10 @@ def router_topk_kernel(
     logits = logits.to(tl.float32)
     probs = tl.exp(logits - tl.max(logits, axis=0))
     probs = probs / tl.sum(probs, axis=0)
+    # A NaN or infinite logit (a model broken upstream) makes every probability NaN, which no
+    # comparison picks: the expert would be E_POW2, past the bank, whose kernels would read out
+    # of bounds and fault. NaN counts as -1, below every probability: still TOP_K experts.
+    probs = tl.where(probs == probs, probs, -1.0)
     slots = tl.arange(0, TOP_K_POW2)
     top = tl.zeros([TOP_K_POW2], dtype=tl.float32)
     ids = tl.zeros([TOP_K_POW2], dtype=tl.int32)
@@ -130,7 +134,7 @@ def router_topk_kernel(
         expert = tl.min(tl.where(probs == best, experts, E_POW2), axis=0)
         top = tl.where(slots == slot, best, top)
         ids = tl.where(slots == slot, expert, ids)
-        probs = tl.where(experts == expert, -1.0, probs)  # taken; probabilities are >= 0
+        probs = tl.where(experts == expert, -2.0, probs)  # taken: below every probability and NaN's -1
     if RENORMALIZE:
         top = top / tl.sum(top, axis=0)  # the slots past TOP_K hold 0
     out = token * TOP_K + slots

@@ -71,7 +71,7 @@ def adjudicate(outcomes: list[Outcome], parity_floor: float = PARITY_FLOOR, marg
             notes.append(f"{o.candidate.name}: refused: {o.refused}")
         elif o.time_us is None:
             notes.append(f"{o.candidate.name}: not timed")
-        elif o.parity is not None and o.parity < parity_floor:
+        elif o.parity is not None and not o.parity >= parity_floor:  # NaN too: a NaN output is no parity
             notes.append(f"{o.candidate.name}: refused: parity {o.parity:.4f} under floor {parity_floor}")
         else:
             entrants.append(o)
@@ -93,16 +93,26 @@ def compile_ahead(launches: Iterable[Callable[[], object]], workers: int | None 
     one for each core this process may run on, ``os.sched_getaffinity``: a pod's cpuset can hold
     fewer than the node's ``os.cpu_count()``), and return how many were compiled.
 
-    Each launch runs once in this thread with Triton's compiles recorded instead of done: a kernel
-    not yet compiled is neither compiled nor launched (its outputs are left as they were), one
-    already compiled runs. Then the recorded specializations are compiled in parallel
-    (``JITFunction.preload`` under ``AsyncCompileMode``) into the kernels' caches, so the launches
-    that follow find them built. ptxas runs as a child process and Triton's passes let go of the
-    GIL, so threads overlap part of each compile (the Python front end holds it). On the H200's
-    16 cores, adjudicating afresh with empty caches (``bench/probe_compile_ahead.py``,
-    ``h200-probe-compile-ahead-17801e0.json``): Llama's qkv at one token, 46 candidates, in 13.9 s
-    against 27.3 one after another; Qwen3-30B's expert-sized gate_up at 16 tokens, 24, in 7.7
-    against 16.9; its expert bank at 8 tokens, 64, in 28.3 against 41.7 (more of it timing).
+    Each launch runs once in this thread as Triton's warmup (``JITFunction.run`` with
+    ``warmup=True``), with its compiles recorded instead of done: no kernel is launched, compiled
+    or not, and outputs are left as they were. Until session 57 a kernel already compiled ran:
+    a launch of several kernels whose first was not yet compiled then ran a later one on the
+    first one's unwritten outputs. On an H100 with no choice cached for Qwen3-30B's expert bank
+    at one token, the adjudication after one at 16 tokens faulted on an illegal address, which
+    ends the process's CUDA context (every candidate and the host path after it failed, the
+    engine with them; ``bench/results/h100-e2e-qwen3-30b-a3b-ef16f11.log``). By the code and
+    that log: the grouping launch at 8 pairs (not a multiple of 16, so its own specialization)
+    had never been compiled, while the grouped gate_ups, whose arguments do not change with the
+    token count, had been at 16 tokens, and one read the unwritten grouping.
+
+    Then the recorded specializations are compiled in parallel (``JITFunction.preload`` under
+    ``AsyncCompileMode``) into the kernels' caches, so the launches that follow find them built.
+    ptxas runs as a child process and Triton's passes let go of the GIL, so threads overlap part
+    of each compile (the Python front end holds it). On the H200's 16 cores, adjudicating afresh
+    with empty caches (``bench/probe_compile_ahead.py``, ``h200-probe-compile-ahead-17801e0.json``):
+    Llama's qkv at one token, 46 candidates, in 13.9 s against 27.3 one after another;
+    Qwen3-30B's expert-sized gate_up at 16 tokens, 24, in 7.7 against 16.9; its expert bank at
+    8 tokens, 64, in 28.3 against 41.7 (more of it timing).
     A launch that raises, or a kernel that fails to compile, is left to the caller's own launch,
     which raises the same error where it can say which candidate it was. Without Triton's hooks
     (another Triton, no Triton) nothing is compiled ahead."""
@@ -113,9 +123,15 @@ def compile_ahead(launches: Iterable[Callable[[], object]], workers: int | None 
         from triton.runtime._async_compile import AsyncCompileMode
     except ImportError:
         return 0
+    from triton.runtime.jit import JITFunction
+
     recording = threading.get_ident()
     jobs: dict[tuple[int, str], tuple[object, str]] = {}
     chained = knobs.runtime.jit_cache_hook
+    run = JITFunction.run
+
+    def warmup_only(self, *args, grid, warmup, **kwargs):
+        return run(self, *args, grid=grid, warmup=warmup or threading.get_ident() == recording, **kwargs)
 
     def record(*, key, fn, compile, **kwargs) -> bool | None:
         if threading.get_ident() != recording:  # another thread's launch compiles as it would have
@@ -123,13 +139,13 @@ def compile_ahead(launches: Iterable[Callable[[], object]], workers: int | None 
         jobs.setdefault((id(fn.jit_function), str(key)), (fn.jit_function, compile["specialization_data"]))
         return True  # skip: run() returns before compiling or launching
 
-    knobs.runtime.jit_cache_hook = record
+    knobs.runtime.jit_cache_hook, JITFunction.run = record, warmup_only
     try:
         for launch in launches:
             with contextlib.suppress(Exception):
                 launch()
     finally:
-        knobs.runtime.jit_cache_hook = chained
+        knobs.runtime.jit_cache_hook, JITFunction.run = chained, run
     if not jobs:
         return 0
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -235,6 +235,26 @@ def test_fused_router_picks_transformers_experts_and_weights(tokens, experts, to
             assert not lower_tie, "ties go to the lower expert"
 
 
+def test_fused_router_picks_experts_of_the_bank_from_nan_logits(device):
+    """NaN logits (a model broken upstream; an infinite one makes the softmax NaN too) still route
+    each token to ``top_k`` distinct experts of the bank, never to an index past it, which the
+    expert kernels would read out of bounds. A finite row routes as before."""
+    from flashrt.bench import router_topk
+
+    experts, top_k = 60, 8
+    logits = torch.randn(3, experts, dtype=torch.bfloat16, device=device)
+    logits[0, 7] = float("nan")
+    logits[1] = float("nan")
+    logits[2, 3] = float("inf")
+    _, ids = router_topk.router_topk(logits, top_k, True)
+    assert ((ids >= 0) & (ids < experts)).all(), ids
+    assert all(len(set(row)) == top_k for row in ids.tolist()), ids
+    finite = logits[:1].clone()
+    finite[0, 7] = 0.0
+    chosen, expected = router_topk.router_topk(finite, top_k, True)[1], router_topk.reference(finite, top_k, True)[1]
+    assert torch.equal(finite.gather(1, chosen), finite.gather(1, expected)), "the same logits; ties either way"
+
+
 @pytest.mark.parametrize(("tokens", "experts", "k"), [(1, 128, 2048), (5, 60, 768), (16, 256, 2048)])
 def test_router_logits_are_the_routers_linear(tokens, experts, k, device):
     """The router's own GEMM against float64 (rounded once, to bf16) and against ``F.linear``

@@ -355,6 +355,32 @@ def test_compile_ahead_builds_every_candidate_without_launching_one(device):
         assert (out.double() - ref).norm() / ref.norm() < 1e-2
 
 
+@pytest.mark.skipif(not ON_GPU, reason="compiles for the device it launches on")
+def test_compile_ahead_runs_no_kernel_of_a_launch_it_records_even_one_already_compiled(device):
+    """A split launch whose ring kernel is not compiled yet and whose reduce is (another
+    config's launch compiled it): recorded, neither kernel runs and the output stays poisoned.
+    Until session 57 the compiled reduce ran, on partials no kernel had written; in the expert
+    bank a compiled grouped gate_up so read an unwritten grouping and faulted on an H100."""
+    m, n, k = 1, 1000, 4096
+    q = nvfp4.quantize(torch.randn(n, k, dtype=torch.bfloat16, device=device))
+    x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
+    split = {**LINEAR_CONFIGS["mma_gluon"], "BLOCK_M": 1, "SPLIT_K": 2}
+    warm, cold = split | {"STAGES": 2}, split | {"STAGES": 3}
+
+    def launch(config, out):
+        linear_mma_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, config, False)
+
+    linear_mma_gluon.nvfp4_linear_mma_gluon_kernel.device_caches[torch.cuda.current_device()][0].clear()
+    launch(warm, torch.empty(m, n, dtype=torch.bfloat16, device=device))  # the reduce compiled
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
+    assert tuning.compile_ahead([functools.partial(launch, cold, out)]) == 1, "the cold ring kernel alone"
+    torch.cuda.synchronize()
+    assert out.isnan().all(), "the compiled reduce ran on unwritten partials"
+    launch(cold, out)
+    ref = ops.linear_reference(x, q).double()
+    assert (out.double() - ref).norm() / ref.norm() < 1e-2
+
+
 @pytest.mark.skipif(not ON_GPU, reason="Gluon has no interpreter: CI builds it and checks its decoder")
 @pytest.mark.parametrize(
     ("m", "k", "chunks", "block_m", "tiles", "warps"),

@@ -22,6 +22,15 @@ def test_a_candidate_under_the_parity_floor_never_wins():
     assert any("parity 0.9800 under floor 0.99" in n for n in verdict.notes)
 
 
+def test_a_candidate_whose_output_has_no_parity_never_wins():
+    """A cosine of NaN (an output with NaN or inf in it, or never written) is not a parity: until
+    session 57 it passed the floor, since no comparison with NaN is true, and the fastest such
+    candidate, perhaps fast for having written nothing, would have been served."""
+    verdict = adjudicate([Outcome(A, 10.0, 0.999), Outcome(B, 1.0, float("nan"))])
+    assert verdict.winner == A
+    assert any(n.startswith("mma[BLOCK_N=64]: refused: parity nan under floor") for n in verdict.notes), verdict.notes
+
+
 def test_inside_the_win_margin_the_higher_precision_form_wins():
     assert adjudicate([Outcome(A, 10.0, 0.999), Outcome(W4A4, 9.8, 0.995)]).winner == A
     assert adjudicate([Outcome(A, 10.0, 0.999), Outcome(W4A4, 9.0, 0.995)]).winner == W4A4
@@ -120,6 +129,43 @@ def test_every_candidate_is_compiled_ahead_once_before_the_first_is_measured(tmp
     events.clear()
     assert Tuner().choose("H200", "linear:M1", [B, A], measure, may_measure=True, launch=launch) == A
     assert events == [], "a cached choice compiles nothing"
+
+
+def test_compile_ahead_runs_its_launches_as_warmups_launching_nothing(monkeypatch):
+    """Every Triton kernel a recorded launch reaches is run as Triton's warmup (``warmup=True``),
+    compiled or not: a launch whose first kernel is not yet compiled must not run a later,
+    compiled one on the first one's unwritten outputs (session 57: an H100's expert bank at one
+    token read an unwritten grouping and faulted). A kernel launched from another thread
+    meanwhile launches as it would have, and ``JITFunction.run`` is Triton's own again after."""
+    import threading
+
+    import flashrt.kernels.tuning as tuning
+    import triton.language as tl
+    from triton.runtime.jit import JITFunction
+
+    def body(x_ptr, N: tl.constexpr):
+        tl.store(x_ptr + tl.arange(0, N), tl.zeros([N], tl.float32))
+
+    kernel = JITFunction(body)  # compiled, as on a GPU, whatever TRITON_INTERPRET says
+
+    calls = []
+
+    def run(self, *args, grid, warmup, **kwargs):  # stands in for Triton's: no GPU here
+        calls.append((threading.current_thread().name, warmup))
+
+    monkeypatch.setattr(JITFunction, "run", run)
+
+    def other_thread():
+        worker = threading.Thread(target=lambda: kernel[(1,)](None, N=16), name="other")
+        worker.start()
+        worker.join()
+
+    tuning.compile_ahead([lambda: kernel[(1,)](None, N=16), other_thread, lambda: kernel.warmup(None, N=16, grid=(1,))])
+    recorder = threading.current_thread().name
+    assert calls == [(recorder, True), ("other", False), (recorder, True)]
+    assert JITFunction.run is run
+    kernel[(1,)](None, N=16)
+    assert calls[-1] == (recorder, False), "after it, a launch launches"
 
 
 def test_a_projection_timed_after_a_lead_is_timed_so_and_cached_apart(monkeypatch):
