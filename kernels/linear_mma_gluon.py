@@ -328,8 +328,9 @@ def _prime(
 
     Whatever a kernel reads before its ``gdc_wait`` must be complete before the kernel before it
     let it start: weights; and the routing the expert downs read to find their experts, written
-    before the gate_up that precedes them, which is launched without PDL and so starts only once
-    the routing is done. Nothing is written before the wait."""
+    before the gate_up that precedes them, which reads nothing before the routing is done
+    (launched plainly, or with PDL and waiting first: ``moe_ring_gluon.PDL_GATE_UP``) and lets
+    the down start only after that. Nothing is written before the wait."""
     if PDL:
         for s in gl.static_range(STAGES - 1):
             _start_weights(
