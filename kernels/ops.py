@@ -205,6 +205,32 @@ def _reason(exc: Exception) -> str:
     return f"{type(exc).__name__}: {first}"
 
 
+# CUDA errors after which nothing more runs in the process: its context is lost. A candidate that
+# raises one is not refused as a config that does not build here is: every candidate after it,
+# and the host path after them, fail the same way (an H100, session 57: 64 refusals and a host
+# path that faulted too, one log line of 30 KB that named no cause).
+_CONTEXT_LOST = (
+    "illegal memory access",
+    "misaligned address",
+    "illegal instruction",
+    "unspecified launch failure",
+    "hardware stack error",
+)
+
+
+def _refused(c: Candidate, exc: Exception) -> Outcome:
+    """The outcome of a candidate that raised: refused, unless the CUDA context is lost, which
+    ends the adjudication there. CUDA reports a fault at a later call, so the kernel that
+    faulted is this candidate's or one launched before it."""
+    reason = _reason(exc)
+    if any(lost in str(exc) for lost in _CONTEXT_LOST):
+        raise RuntimeError(
+            f"the CUDA context was lost while measuring {c.name} ({reason}): that candidate's kernels or "
+            "one launched before them faulted, and nothing more runs in this process"
+        ) from exc
+    return Outcome(c, refused=reason)
+
+
 def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(F.cosine_similarity(a.float().flatten(), b.float().flatten(), dim=0))
 
@@ -287,7 +313,7 @@ def choose_linear(
             ref = linear_reference(x, sample, None if bias is None else bias[rows])
             return Outcome(c, _time_us(run, after_us=SERVED_AFTER_US), parity=_cosine(out[:, rows], ref))
         except Exception as exc:  # a config that does not build here is refused, not fatal
-            return Outcome(c, refused=_reason(exc))
+            return _refused(c, exc)
 
     device_key, memo = _device_key(device.index or 0), (key, _ACTIVATIONS)
     chosen = TUNER.recall(device_key, memo)
@@ -326,7 +352,7 @@ def choose_moe(hidden, gate_up, down, topk_ids, topk_weights, layout: int = ring
             )
             return Outcome(c, _time_us(run), parity=_cosine(out, ref))
         except Exception as exc:
-            return Outcome(c, refused=_reason(exc))
+            return _refused(c, exc)
 
     return TUNER.choose(
         device_key, key, cands, measure, _may_measure(device), memo,

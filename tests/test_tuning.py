@@ -31,6 +31,34 @@ def test_a_candidate_whose_output_has_no_parity_never_wins():
     assert any(n.startswith("mma[BLOCK_N=64]: refused: parity nan under floor") for n in verdict.notes), verdict.notes
 
 
+def test_a_lost_cuda_context_ends_the_adjudication_where_a_build_failure_is_a_refusal(tmp_path, monkeypatch):
+    """A candidate that does not build here is refused and the next one measured; one whose
+    measuring lost the CUDA context (an illegal address, a launch failure) ends the adjudication
+    with an error that says so and names it, instead of 63 more refusals and a host path that
+    fail the same way (an H100, session 57)."""
+    import pytest
+    from flashrt.kernels import ops
+
+    monkeypatch.setenv("FLASHRT_CACHE_DIR", str(tmp_path))
+    errors = {
+        "gemv": RuntimeError("out of resource: shared memory, Required: 301056, Hardware limit: 232448"),
+        "mma": RuntimeError("Triton Error [CUDA]: an illegal memory access was encountered"),
+    }
+    measured = []
+
+    def measure(c):
+        measured.append(c.form)
+        return ops._refused(c, errors[c.form]) if c.form in errors else Outcome(c, 1.0, 0.999)
+
+    assert Tuner().choose("H100", "linear:M1", [A, W4A4], measure, may_measure=True) == W4A4
+    assert measured == ["gemv", "w4a4"], "a build failure is refused and the next candidate measured"
+    measured.clear()
+    lost = r"CUDA context was lost while measuring mma\[BLOCK_N=64\] \(RuntimeError: Triton Error \[CUDA\]: an illegal"
+    with pytest.raises(RuntimeError, match=lost):
+        Tuner().choose("H100", "linear:M2", [B, W4A4, A], measure, may_measure=True)
+    assert measured == ["mma"], "nothing is measured after the context is lost"
+
+
 def test_inside_the_win_margin_the_higher_precision_form_wins():
     assert adjudicate([Outcome(A, 10.0, 0.999), Outcome(W4A4, 9.8, 0.995)]).winner == A
     assert adjudicate([Outcome(A, 10.0, 0.999), Outcome(W4A4, 9.0, 0.995)]).winner == W4A4
