@@ -381,6 +381,49 @@ def test_compile_ahead_runs_no_kernel_of_a_launch_it_records_even_one_already_co
     assert (out.double() - ref).norm() / ref.norm() < 1e-2
 
 
+@pytest.mark.skipif(not ON_GPU, reason="adjudicates on the device")
+def test_an_expert_bank_adjudicated_at_one_token_after_sixteen_serves_both(tmp_path):
+    """Session 57's fault as a process met it: with no choice cached, the bank adjudicated at 16
+    tokens (which compiles its grouped gate_ups), then at one (whose grouping launch at 8 pairs
+    is a specialization of its own, not yet compiled). Until ed6f0e9 compiling ahead ran the
+    compiled gate_ups on the unwritten grouping and lost the CUDA context (an H100, Qwen3-30B).
+    Both choices are made and both match the reference. In a process of its own: a lost context
+    would take the rest of the suite with it."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import torch
+from flashrt.kernels import nvfp4, ops, ring_layout
+e, n, k, top_k = 16, 512, 1024, 8
+gu = nvfp4.quantize(torch.randn(e, 2 * n, k, dtype=torch.bfloat16, device="cuda")).in_layout(ring_layout.RING)
+dn = nvfp4.quantize(torch.randn(e, k, n, dtype=torch.bfloat16, device="cuda")).in_layout(ring_layout.RING)
+for t in (16, 1):
+    # Memory freed with huge ints in it, for the unwritten buffers to be made of: what faulted
+    # was a grouping read as it lay.
+    junk = [torch.full((128,), 2**30, dtype=torch.int32, device="cuda") for _ in range(256)]
+    del junk
+    hidden = torch.randn(t, k, dtype=torch.bfloat16, device="cuda")
+    w, ids = torch.topk(torch.randn(t, e, device="cuda").softmax(-1), top_k)
+    weights = (w / w.sum(-1, keepdim=True)).to(torch.bfloat16)
+    out = ops.moe(hidden, gu, dn, ids, weights)
+    ref = ops.moe_reference(hidden, gu, dn, ids, weights).double()
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    assert err < 1e-2, (t, err)
+    print("served", t, ops.choose_moe(hidden, (gu.packed, gu.scales, gu.global_scale),
+          (dn.packed, dn.scales, dn.global_scale), ids, weights, ring_layout.RING).name)
+"""
+    env = os.environ | {"FLASHRT_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "served 16 " in done.stdout and "served 1 " in done.stdout, done.stdout
+    assert sorted(json.loads(next(tmp_path.glob("tuning-*.json")).read_text())) == [
+        f"moe:torch.bfloat16:T{t}:E16:N512:K1024:top8:ring" for t in (1, 16)
+    ]
+
+
 @pytest.mark.skipif(not ON_GPU, reason="Gluon has no interpreter: CI builds it and checks its decoder")
 @pytest.mark.parametrize(
     ("m", "k", "chunks", "block_m", "tiles", "warps"),
