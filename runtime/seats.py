@@ -196,6 +196,14 @@ class Seat:
     def bind(self) -> None:
         raise NotImplementedError
 
+    def _require_parity(self, seam_out: torch.Tensor, host_out: torch.Tensor) -> None:
+        """The seam's cosine against the host on calibration input, refused under the floor. A NaN
+        cosine (NaN or inf in either output) is refused too: no comparison with NaN is true, and
+        until session 57 such a seat was bound."""
+        self.parity = _cosine(seam_out, host_out)
+        if not self.parity >= self.profile.parity_floor:
+            raise Refused(f"parity {self.parity:.4f} under the floor {self.profile.parity_floor}")
+
     def unbind(self) -> None:
         """Restore the host module exactly: drop the forward override, give the bytes back."""
         module = self.spec.module
@@ -285,9 +293,7 @@ class ProjectionSeat(Seat):
         slabs = self._slabs(weight.detach())
         x = _calibration(CALIBRATION_ROWS, weight.shape[1], weight)
         host = F.linear(x.to(weight.dtype), weight.detach())
-        self.parity = _cosine(self._seam(slabs)(x, None), host)
-        if self.parity < self.profile.parity_floor:
-            raise Refused(f"parity {self.parity:.4f} under the floor {self.profile.parity_floor}")
+        self._require_parity(self._seam(slabs)(x, None), host)
         self.bytes_before = _nbytes(weight)
         self.bytes_after = sum(s.nbytes for s in slabs)
         tied, out_features = self.spec.tied, weight.shape[0]
@@ -361,9 +367,7 @@ class ExpertSeat(Seat):
         weights = (weights / weights.sum(-1, keepdim=True)).to(x.dtype)
         with torch.no_grad():
             expected = host_forward(x.to(gu_w.dtype), ids, weights.to(gu_w.dtype))
-            self.parity = _cosine(moe(x, gate_up, down, ids, weights), expected)
-        if self.parity < self.profile.parity_floor:
-            raise Refused(f"parity {self.parity:.4f} under the floor {self.profile.parity_floor}")
+            self._require_parity(moe(x, gate_up, down, ids, weights), expected)
         self.bytes_before = _nbytes(gu_w, dn_w)
         self.bytes_after = gate_up.nbytes + down.nbytes
         self.band_host = self.profile.retain_host_experts

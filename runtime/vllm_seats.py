@@ -33,7 +33,6 @@ from flashrt.runtime.seats import (
     Refused,
     SeatSpec,
     _calibration,
-    _cosine,
     _serving,
     _with_band,
     attach,
@@ -164,9 +163,7 @@ class QuantMethodSeat(ProjectionSeat):
         slabs = self._slabs(weight.detach())
         host = layer.quant_method
         x = _calibration(CALIBRATION_ROWS, weight.shape[1], weight)
-        self.parity = _cosine(self._seam(slabs)(x, None), host.apply(layer, x, None))
-        if self.parity < self.profile.parity_floor:
-            raise Refused(f"parity {self.parity:.4f} under the floor {self.profile.parity_floor}")
+        self._require_parity(self._seam(slabs)(x, None), host.apply(layer, x, None))
         self.bytes_before = weight.numel() * weight.element_size()
         # vLLM's method keeps its own copy (the layer's weight on a GPU, a repacked one on the
         # CPU backend): the packed weight is added to it, not swapped for it, and reported so.
@@ -259,11 +256,7 @@ class MoESeat(QuantMethodSeat):
         def seam(x, topk_weights, topk_ids):
             return moe(x, gate_up, down, topk_ids, topk_weights.to(x.dtype))
 
-        self.parity = _cosine(
-            seam(x, weights, ids.to(torch.int32)), host_apply(x, weights.float(), ids.to(torch.int32))
-        )
-        if self.parity < self.profile.parity_floor:
-            raise Refused(f"parity {self.parity:.4f} under the floor {self.profile.parity_floor}")
+        self._require_parity(seam(x, weights, ids.to(torch.int32)), host_apply(x, weights.float(), ids.to(torch.int32)))
         self.bytes_before = w13.numel() * w13.element_size() + w2.numel() * w2.element_size()
         self.bytes_after = gate_up.nbytes + down.nbytes + self.bytes_before  # vLLM's bank stays for large batches
         self.seam, self.host, self.band_host = seam, host_apply, True

@@ -258,6 +258,23 @@ def test_a_refused_seat_leaves_its_layer_untouched():
     assert "flashrt_no_seats 1.0" in render()
 
 
+def test_a_seat_whose_parity_is_nan_is_refused():
+    """A NaN in a weight makes the host's calibration output NaN, and the cosine NaN: no
+    comparison with it is true, so until session 57 it passed the floor and the layer was
+    seated. It is refused, and the layer stays the host's."""
+    model = _llama()
+    weight = model.model.layers[0].mlp.down_proj.weight
+    with torch.no_grad():
+        weight[0, 0] = float("nan")
+    before = _fingerprint(model)
+    handle = attach(model, SeatProfile(min_params=0, kinds=("dense",), parity_floor=FLOOR))
+    seat = next(s for s in handle.seats if s.name.endswith("layers.0.mlp.down_proj"))
+    assert seat.state == "refused" and seat.reason == f"parity nan under the floor {FLOOR}", seat.reason
+    assert any(s.state == "seated" for s in handle.seats), "the other layers are seated"
+    handle.detach()
+    assert _fingerprint(model) == before
+
+
 def test_strict_profile_raises_with_the_reasons_and_leaves_the_model_as_it_was():
     model = _llama()
     before = _fingerprint(model)
