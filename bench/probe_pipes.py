@@ -52,6 +52,7 @@ def _chain(out, STEPS: tl.constexpr, ASM_TEXT: tl.constexpr, BLOCK: tl.constexpr
 def measure(path: str) -> None:
     import torch
     from flashrt.bench.kernels import provenance
+    from flashrt.bench.timing import eager_us
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     programs = 16 * sms  # 64 warps an SM
@@ -62,17 +63,7 @@ def measure(path: str) -> None:
         def run(text=text):
             _chain[(programs,)](out, STEPS, text, BLOCK, num_warps=4)
 
-        run()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(5):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            run()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end) * 1e3)
-        us = sorted(times)[len(times) // 2]
+        us = eager_us([run], replays=5)
         warp_instructions = programs * 4 * STEPS * (BLOCK // 128) * per_step
         rows[name] = {"us": us, "warp_instructions_a_sm_a_ns": warp_instructions / sms / (us * 1e3)}
         print(f"{name:16s} {us:9.1f} us {rows[name]['warp_instructions_a_sm_a_ns']:.2f} a SM a ns", flush=True)

@@ -15,7 +15,8 @@ A stride-0 view of the words too was tried first (830aea1): every program then r
 few L2 lines, and the kernel ran 1.1-2.8x slower than served. L2 serves one hot line slowly.
 
 Each arm is checked against the reference of the weight it reads, then timed: from HBM as the
-adjudicator times (``ops._time_us``), from L2 by ``resident_us``.
+adjudicator times (``ops._time_us``), from L2 as ``bench.timing.graph_us`` times one call
+(back to back in a graph, nothing flushed).
 
 ``python3 bench/probe_streams.py OUT.json`` with flashrt importable (``bench/gpu_run.sh``).
 
@@ -32,35 +33,6 @@ TOKENS = (1, 16)
 PART_BYTES = 16 << 20
 
 
-def resident_us(fn, calls: int = 16, replays: int = 7) -> float:
-    """Device microseconds a call whose operands stay in L2: ``calls`` calls back to back in one
-    CUDA graph, no flush; median of replays."""
-    import statistics
-
-    import torch
-
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(times)
-
-
-def _repeated(t, rows: bool):
-    """``t`` with every row row 0's, as a stride-0 view (``rows``), else ``t`` itself."""
-    return t[:1].expand(t.shape[0], -1) if rows else t
-
-
 def main(path: str) -> None:
     import functools
     import json
@@ -72,7 +44,7 @@ def main(path: str) -> None:
     from flashrt.bench.probe_ring_depth import timed
     from flashrt.bench.probe_rows import read_us
     from flashrt.bench.probe_tma_ring import SHAPES as QWEN_SHAPES
-    from flashrt.bench.timing import copy_bandwidth_tbps
+    from flashrt.bench.timing import copy_bandwidth_tbps, graph_us
     from flashrt.kernels import linear_mma_gluon, nvfp4, ops, ring_layout
 
     result = {**provenance(), "copy_TBps": copy_bandwidth_tbps(), "rows": []}
@@ -82,7 +54,7 @@ def main(path: str) -> None:
         out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
         row = {"shape": shape, "N": n, "K": k, "M": m, "config": config, "arms": {}}
         for arm, scales_l2 in (("served", False), ("scales_l2", True)):
-            scales = _repeated(w.scales, scales_l2)
+            scales = w.scales[:1].expand(w.scales.shape[0], -1) if scales_l2 else w.scales  # row 0's, stride 0
             read = nvfp4.NVFP4Weight(w.packed, scales.contiguous(), w.global_scale)
             run = functools.partial(linear_mma_gluon.launch, x, ring, scales, w.global_scale, None, out, cfg, True)
             row["arms"][arm] = figure = timed(run, out, ops.linear_reference(x, read))
@@ -96,7 +68,7 @@ def main(path: str) -> None:
         row["part_rows"] = part
         row["arms"]["part_hbm"] = figure = timed(run, part_out, ops.linear_reference(x, part_w))
         if figure["us"] is not None:
-            row["arms"]["part_l2"] = {"rel_err": figure["rel_err"], "us": resident_us(run)}
+            row["arms"]["part_l2"] = {"rel_err": figure["rel_err"], "us": graph_us([run])}
         print(f"{shape:14s} M={m:2d} {part} rows: {json.dumps(row['arms'].get('part_hbm'))} "
               f"{json.dumps(row['arms'].get('part_l2'))}", flush=True)  # fmt: skip
         if m == 1:
