@@ -15,6 +15,7 @@
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:?usage: bench/gpu_run.sh OUTDIR [kernels|e2e|prefill|seats|host|probe NAME] [args]}; shift
+mkdir -p "$out"
 bench=kernels
 case "${1:-}" in kernels|e2e|prefill|seats|host|probe) bench=$1; shift ;; esac
 site=$(mktemp -d)

@@ -419,9 +419,9 @@ for t in (16, 1):
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "served 16 " in done.stdout and "served 1 " in done.stdout, done.stdout
-    assert sorted(json.loads(next(tmp_path.glob("tuning-*.json")).read_text())) == [
+    assert set(json.loads(next(tmp_path.glob("tuning-*.json")).read_text())) == {
         f"moe:torch.bfloat16:T{t}:E16:N512:K1024:top8:ring" for t in (1, 16)
-    ]
+    }
 
 
 @pytest.mark.skipif(not ON_GPU, reason="Gluon has no interpreter: CI builds it and checks its decoder")
