@@ -691,6 +691,22 @@ def test_w4a4_emulation_of_the_bank_is_the_w4a4_kernels_arithmetic(device):
     assert per_token.median() > 0.999
 
 
+@pytest.mark.parametrize("shape", [(40, 32), (3, 40, 32)])
+def test_the_w4a16_round_trip_in_slabs_gives_every_value_the_whole_at_once_gives(shape, monkeypatch, device):
+    """The benchmark round-trips seated weights a few rows at a time (an 80 GB H100 had no room for
+    a whole bank's intermediates); under each matrix's own global scale the slabs must give the
+    bytes the whole weight gives, the rows with the largest element in only one of them."""
+    from flashrt.kernels import dequantize, quantize
+
+    monkeypatch.setattr(e2e, "ROUND_TRIP_ROWS", 16)
+    weight = torch.randn(shape, dtype=torch.bfloat16, device=device)
+    weight.view(-1, *shape[-2:])[:, -1, 0] = 9.0  # each matrix's amax in its last slab alone
+    weight.view(-1, *shape[-2:])[-1, -1, 0] = 30.0  # and one matrix's larger than the others'
+    whole = dequantize(quantize(weight), weight.dtype)
+    e2e._round_trip_in_place(weight)
+    assert torch.equal(weight, whole)
+
+
 def test_a_result_names_the_commit_whose_code_ran(tmp_path, monkeypatch):
     """A tree whose files differ from its HEAD (the device's copy: the session's first commit as
     HEAD under its latest files) is recorded as that commit ``-dirty``, not as the commit."""
