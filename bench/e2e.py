@@ -550,7 +550,7 @@ def _w4a16_logits(model, handle, prompts: torch.Tensor, batches: list[int]) -> d
         return {b: DecodeRun(model, model, prompts[:b]).prefill() for b in batches}
 
 
-# Rows round-tripped at once: about 0.1 GB of float32 intermediates at K=2048.
+# Rows round-tripped at once: 64 MiB a float32 intermediate at K=2048.
 ROUND_TRIP_ROWS = 8192
 
 
@@ -558,8 +558,8 @@ def _round_trip_in_place(weight: torch.Tensor) -> None:
     """``weight`` (``[N, K]`` or ``[E, N, K]``) replaced by its NVFP4 round trip, one matrix and
     ``ROUND_TRIP_ROWS`` rows at a time under each matrix's own global scale: the values the whole
     at once gives (``quantize``'s ``amax``). The whole at once did not fit: a Qwen3-30B gate_up
-    bank's float32 intermediates (1.6 GB) beside the full-depth model on an 80 GB H100, 1.06 GB
-    free (session 58)."""
+    bank's float32 intermediates (1.5 GiB each) beside the full-depth model on an 80 GB H100, an
+    allocation of 1.16 GiB with 1.06 GiB free (session 58)."""
     from flashrt.kernels import dequantize, quantize
     from flashrt.kernels.nvfp4 import absolute_max
 
@@ -796,7 +796,7 @@ def run_model(
     record(result, rows)
     handle.detach()
     # The seated arm's compiled steps and graphs can hold its packed weights past the detach: on
-    # the H100, 75.9 GB stayed allocated for Qwen3-30B's 60.4 GB of bf16 weights (session 58).
+    # the H100, 75.9 GiB stayed allocated for Qwen3-30B's 56.3 GiB of bf16 weights (session 58).
     torch._dynamo.reset()
     gc.collect()
     torch.cuda.empty_cache()
