@@ -1,6 +1,7 @@
 """``python -m flashrt.bench plot-e2e [RESULT ...] [PNG]``: the e2e runs merged into one result and
-drawn, decode speedup against batch, one line a model and depth (default ``DEFAULT_RESULTS`` to
-``bench/results/h200-e2e.json`` and ``docs/img/decode-speedup.png``). A model, depth and batch measured
+drawn, decode speedup against batch, one line a model and depth (default: each of ``COMMITTED``,
+the H200's runs to ``bench/results/h200-e2e.json`` and ``docs/img/decode-speedup.png``, the H100's
+to ``h100-e2e.json`` and ``decode-speedup-h100.png``). A model, depth and batch measured
 in several runs is taken from the first that has it, with that run's commit, date and file; the
 merged result keeps the provenance all runs share (device, versions) and lists their commits.
 Runs of another device or other versions are not merged: their ratios are not comparable."""
@@ -82,6 +83,16 @@ DEFAULT_RESULTS = [  # every arm with vLLM's merged projections, torch.compile's
 ]
 DEFAULT_PNG = Path(__file__).resolve().parents[1] / "docs" / "img" / "decode-speedup.png"
 DEFAULT_MERGED = merge.RESULTS / "h200-e2e.json"
+# The H100's runs, kept apart from the H200's (issue 7's targets are the H200's): sessions 57-58,
+# every H200 call answered by an H100.
+H100_RESULTS = [
+    merge.RESULTS / "h100-e2e-llama-d9dac6f.json",
+    merge.RESULTS / "h100-e2e-qwen3-30b-a3b-1901c0d.json",
+]
+H100_MERGED = merge.RESULTS / "h100-e2e.json"
+H100_PNG = DEFAULT_PNG.with_name("decode-speedup-h100.png")
+# Each committed table: its runs, their merge, its figure.
+COMMITTED = ((DEFAULT_RESULTS, DEFAULT_MERGED, DEFAULT_PNG), (H100_RESULTS, H100_MERGED, H100_PNG))
 # What every merged run must share; a row's own commit, date and file go into the row.
 SHARED = ("device", "capability", "cuda", "torch", "triton", "transformers", "prompt_tokens", "generated_tokens")
 # What may differ between merged runs and goes into each row: what ran Qwen3.5's linear attention
@@ -159,14 +170,21 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     paths = [Path(a) for a in argv if not a.endswith(".png")]
     png = next((Path(a) for a in argv if a.endswith(".png")), DEFAULT_PNG)
-    merged = merged_result(paths or DEFAULT_RESULTS)
-    if not paths:  # the committed table: the default runs merged
-        DEFAULT_MERGED.write_text(json.dumps(merged, indent=1) + "\n")
-        print(f"wrote {DEFAULT_MERGED}")
+    if paths:
+        _draw(merged_result(paths), png)
+        return 0
+    for runs, merged_path, committed_png in COMMITTED:  # the committed tables, each its runs merged
+        merged = merged_result(runs)
+        merged_path.write_text(json.dumps(merged, indent=1) + "\n")
+        print(f"wrote {merged_path}")
+        _draw(merged, committed_png)
+    return 0
+
+
+def _draw(merged: dict, png: Path) -> None:
     for label, (batches, speedups) in plot(merged, png).items():
         print(f"{label}: " + ", ".join(f"{b}: x{s:.2f}" for b, s in zip(batches, speedups, strict=True)))
     print(f"wrote {png}")
-    return 0
 
 
 if __name__ == "__main__":

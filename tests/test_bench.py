@@ -554,6 +554,9 @@ def test_the_committed_e2e_result_is_the_listed_runs_merged_and_the_figure_draws
 
     merged = plot_e2e.merged_result(plot_e2e.DEFAULT_RESULTS)
     assert json.loads(plot_e2e.DEFAULT_MERGED.read_text()) == json.loads(json.dumps(merged))
+    h100 = plot_e2e.merged_result(plot_e2e.H100_RESULTS)
+    assert json.loads(plot_e2e.H100_MERGED.read_text()) == json.loads(json.dumps(h100))
+    assert h100["device"] == "NVIDIA H100 80GB HBM3" and merged["device"] == "NVIDIA H200"
     results = {path.name: json.loads(path.read_text()) for path in plot_e2e.DEFAULT_RESULTS}
     rows = merged["rows"]
     key = plot_e2e.key
@@ -592,22 +595,25 @@ def test_the_committed_e2e_result_is_the_listed_runs_merged_and_the_figure_draws
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_the_readme_s_decode_table_is_the_committed_e2e_result():
-    """Every row of the README's decode table is a row of ``bench/results/h200-e2e.json`` as that
-    file has it (tokens/s to 0.1, ratios to 0.01, the run's commit), and every row of the file
-    is in the table: a re-measured run merged without the README, or a figure edited by hand in
-    one of them, fails here."""
+@pytest.mark.parametrize(
+    ("header", "merged"), [("| model |", "DEFAULT_MERGED"), ("| H100: model |", "H100_MERGED")], ids=["h200", "h100"]
+)
+def test_the_readme_s_decode_table_is_the_committed_e2e_result(header, merged):
+    """Every row of a README decode table (the H200's, the H100's) is a row of its merged result
+    (``bench/results/h200-e2e.json``, ``h100-e2e.json``) as that file has it (tokens/s to 0.1,
+    ratios to 0.01, the run's commit), and every row of the file is in the table: a re-measured
+    run merged without the README, or a figure edited by hand in one of them, fails here."""
     import json
     from pathlib import Path
 
     from flashrt.bench import plot_e2e
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    header = "| model | batch | bf16 tok/s | seated tok/s |"
+    header += " batch | bf16 tok/s | seated tok/s |"
     lines = readme[readme.index(header) :].splitlines()[2:]
     table = [[c.strip() for c in line.strip("|").split("|")] for line in lines[: lines.index("")]]
     models = {"Llama-3-8B": "llama3-8b", "Qwen3-30B-A3B": "qwen3-30b-a3b", "Qwen3.5-35B-A3B": "qwen3.5-35b-a3b"}
-    rows = {plot_e2e.key(r): r for r in json.loads(plot_e2e.DEFAULT_MERGED.read_text())["rows"]}
+    rows = {plot_e2e.key(r): r for r in json.loads(getattr(plot_e2e, merged).read_text())["rows"]}
     seen, model, layers = set(), None, None
     for name, batch, bf16, ours, decode, prefill, commit in table:
         if name:  # "<model>-shaped, 32 layers" or "<model>-shaped, 8 of 40 layers"
