@@ -17,6 +17,7 @@ Before a shape's candidates are timed, their kernels are compiled together on a 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import json
 import os
@@ -169,6 +170,21 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("FLASHRT_CACHE_DIR", Path.home() / ".cache" / "flashrt"))
 
 
+def _load_choices(path: Path) -> dict[str, tuple[Candidate, str]]:
+    """A tuning file's choices, shape -> (winner, offered); none where it is missing or damaged:
+    a damaged cache is re-measured, never trusted."""
+    try:
+        return {
+            key: (
+                Candidate(c["form"], tuple((k, v) for k, v in c["config"]), c.get("precision", 0)),
+                c.get("offered", ""),
+            )
+            for key, c in json.loads(path.read_text()).items()
+        }
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
 def _offered(candidates: list[Candidate]) -> str:
     """A fingerprint of the candidate set a choice was made among."""
     import hashlib
@@ -187,30 +203,29 @@ class Tuner:
 
     def _device_table(self, device_key: str) -> dict[str, tuple[Candidate, str]]:
         if device_key not in self._choices:
-            table: dict[str, tuple[Candidate, str]] = {}
-            path = _cache_dir() / f"tuning-{device_key}.json"
-            if path.exists():
-                try:
-                    raw = json.loads(path.read_text())
-                    for key, c in raw.items():
-                        winner = Candidate(c["form"], tuple((k, v) for k, v in c["config"]), c.get("precision", 0))
-                        table[key] = (winner, c.get("offered", ""))
-                except (ValueError, KeyError, TypeError):
-                    table = {}  # a damaged cache is re-measured, never trusted
-            self._choices[device_key] = table
+            self._choices[device_key] = _load_choices(_cache_dir() / f"tuning-{device_key}.json")
         return self._choices[device_key]
 
-    def _persist(self, device_key: str) -> None:
+    def _persist(self, device_key: str, shape_key: str) -> None:
+        """``shape_key``'s choice written into the file as it is now, under a lock. Every process
+        sharing ``FLASHRT_CACHE_DIR`` writes there (tensor- and pipeline-parallel ranks, a
+        restarted engine), each with the table it loaded at its start: writing that whole table
+        dropped the choices others made since (a pipeline's last rank alone adjudicates the LM
+        head: whichever rank wrote last decided whether the next start measured it again)."""
         path = _cache_dir() / f"tuning-{device_key}.json"
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            raw = {
-                k: {"form": c.form, "config": list(c.config), "precision": c.precision, "offered": offered}
-                for k, (c, offered) in self._choices[device_key].items()
-            }
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(raw, indent=1, sort_keys=True))
-            tmp.replace(path)
+            with open(path.with_suffix(".lock"), "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+                table = _load_choices(path)
+                table[shape_key] = self._choices[device_key][shape_key]
+                raw = {
+                    k: {"form": c.form, "config": list(c.config), "precision": c.precision, "offered": offered}
+                    for k, (c, offered) in table.items()
+                }
+                tmp = path.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_text(json.dumps(raw, indent=1, sort_keys=True))
+                tmp.replace(path)
         except OSError:
             pass  # a read-only home only costs a re-measure in the next process
 
@@ -256,7 +271,7 @@ class Tuner:
             if verdict.winner is None:
                 raise RuntimeError(f"no kernel candidate qualified for {shape_key}: " + "; ".join(verdict.notes))
             table[shape_key] = (verdict.winner, offered)
-            self._persist(device_key)
+            self._persist(device_key, shape_key)
             if memo is not None:
                 self._decided[device_key, memo] = verdict.winner
             return verdict.winner

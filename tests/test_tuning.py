@@ -1,7 +1,12 @@
 """Form adjudication: the pure decision and the per-device cache."""
 
 import json
+import os
+import subprocess
+import sys
+import time
 
+import pytest
 from flashrt.kernels.tuning import Outcome, Tuner, adjudicate, bucket, candidate
 
 A = candidate("gemv", {"BLOCK_N": 8})
@@ -90,6 +95,74 @@ def test_choices_are_measured_once_and_cached_per_device(tmp_path, monkeypatch):
     assert fresh.choose("H200", "linear:M1", [B, A], measure, may_measure=True) == A
     assert len(measured) == 2
     assert fresh.choose("B200", "linear:M1", [B, A], measure, may_measure=False) == B, "no timing inside capture"
+
+
+def test_processes_sharing_a_cache_keep_each_others_choices(tmp_path, monkeypatch):
+    """Two processes on one cache (pipeline ranks: only the last one has the LM head), each
+    loading the file before the other wrote: each writes its own choice into the file as it
+    is then, so neither drops the other's. Until session 58 each wrote the table it had loaded."""
+    monkeypatch.setenv("FLASHRT_CACHE_DIR", str(tmp_path))
+
+    def measure(c):
+        return Outcome(c, {"gemv": 3.0, "mma": 5.0}[c.form], 0.999)
+
+    first, last = Tuner(), Tuner()
+    first.choose("H200", "linear:M1:layers", [A, B], measure, may_measure=True)
+    last.choose("H200", "linear:M1:layers", [A, B], measure, may_measure=True)  # loaded before first wrote
+    last.choose("H200", "linear:M1:head", [B, A], measure, may_measure=True)
+    first.choose("H200", "linear:M2:layers", [A, B], measure, may_measure=True)  # wrote after the head
+    saved = json.loads((tmp_path / "tuning-H200.json").read_text())
+    assert set(saved) == {"linear:M1:layers", "linear:M1:head", "linear:M2:layers"}
+    measured = []
+    fresh = Tuner()
+    fresh.choose("H200", "linear:M1:head", [A, B], lambda c: measured.append(c) or measure(c), may_measure=True)
+    assert measured == [], "the next start finds the head's choice"
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"linear:M1": {"config": []}}', '{"linear:M1": 3}'])
+def test_a_damaged_cache_is_measured_again_and_replaced(content, tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHRT_CACHE_DIR", str(tmp_path))
+    (tmp_path / "tuning-H200.json").write_text(content)
+    measured = []
+
+    def measure(c):
+        measured.append(c)
+        return Outcome(c, {"gemv": 3.0, "mma": 5.0}[c.form], 0.999)
+
+    assert Tuner().choose("H200", "linear:M1", [A, B], measure, may_measure=True) == A
+    assert len(measured) == 2
+    saved = json.loads((tmp_path / "tuning-H200.json").read_text())
+    assert set(saved) == {"linear:M1"} and saved["linear:M1"]["form"] == "gemv"
+
+
+def test_processes_writing_one_cache_at_once_lose_no_choice(tmp_path):
+    """Tensor-parallel ranks adjudicate together and write together: under the file's lock each
+    write reads what the others wrote before it. Each rank here loads the cache (its first
+    choice), waits for all to have, then makes 40 more."""
+    code = """
+import pathlib, sys, time
+from flashrt.kernels.tuning import Outcome, Tuner, candidate
+rank, sync = int(sys.argv[1]), pathlib.Path(sys.argv[2])
+a, b = candidate("gemv", {"BLOCK_N": 64}), candidate("mma", {"BLOCK_M": 16})
+tuner = Tuner()
+for shape in range(41):
+    tuner.choose("H200", f"linear:rank{rank}:{shape}", [a, b], lambda c: Outcome(c, 1.0, 0.999), may_measure=True)
+    if shape == 0:
+        (sync / f"ready{rank}").touch()
+        while not (sync / "go").exists():
+            time.sleep(0.01)
+"""
+    cache, sync = tmp_path / "cache", tmp_path / "sync"
+    sync.mkdir()
+    env = os.environ | {"FLASHRT_CACHE_DIR": str(cache)}
+    ranks = [subprocess.Popen([sys.executable, "-c", code, str(rank), str(sync)], env=env) for rank in range(4)]
+    deadline = time.monotonic() + 120
+    while len(list(sync.glob("ready*"))) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (sync / "go").touch()
+    assert [rank.wait(timeout=120) for rank in ranks] == [0] * 4
+    saved = json.loads((cache / "tuning-H200.json").read_text())
+    assert set(saved) == {f"linear:rank{rank}:{shape}" for rank in range(4) for shape in range(41)}
 
 
 def test_a_cached_choice_is_remade_when_the_candidates_change(tmp_path, monkeypatch):
