@@ -795,11 +795,7 @@ def run_model(
     result["notes"] = handle.notes
     record(result, rows)
     handle.detach()
-    # The seated arm's compiled steps and graphs can hold its packed weights past the detach: on
-    # the H100, 75.9 GiB stayed allocated for Qwen3-30B's 56.3 GiB of bf16 weights (session 58).
-    torch._dynamo.reset()
-    gc.collect()
-    torch.cuda.empty_cache()
+    _release_compiled()
     w4a16 = _w4a16_logits(model, handle, prompts, batches)
     for row in rows:
         b = row["batch"]
@@ -821,8 +817,16 @@ def _run_here(names: list[str], args, out: Path, result: dict) -> None:
     profiled = tuple(int(b) for b in args.profile_batches.split(",") if b)
     for name in names:
         _run_one(name, args, batches, band_batches, profiled, out, result)
-        torch._dynamo.reset()
-        torch.cuda.empty_cache()
+        _release_compiled()
+
+
+def _release_compiled() -> None:
+    """Let go of compiled steps and their graphs, and of the memory they held. They can hold a
+    model's weights: after the seated arm's detach, 75.9 GiB stayed allocated on the H100 for
+    Qwen3-30B's 56.3 GiB of bf16 weights (session 58)."""
+    torch._dynamo.reset()
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 def _run_one(

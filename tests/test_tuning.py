@@ -14,6 +14,16 @@ B = candidate("mma", {"BLOCK_N": 64})
 W4A4 = candidate("w4a4", {"BLOCK_N": 64}, precision=-1)
 
 
+def gemv_faster(c):
+    """A measurement in which the ``gemv`` form takes 3 us and ``mma`` 5, both at parity."""
+    return Outcome(c, {"gemv": 3.0, "mma": 5.0}[c.form], 0.999)
+
+
+def recorded(measured: list):
+    """``gemv_faster``, appending each candidate it measures to ``measured``."""
+    return lambda c: measured.append(c) or gemv_faster(c)
+
+
 def test_fastest_qualified_candidate_wins_and_every_outcome_is_noted():
     verdict = adjudicate([Outcome(A, 10.0, 0.999), Outcome(B, 8.0, 0.999), Outcome(W4A4, refused="no build for sm_90")])
     assert verdict.winner == B
@@ -41,7 +51,6 @@ def test_a_lost_cuda_context_ends_the_adjudication_where_a_build_failure_is_a_re
     measuring lost the CUDA context (an illegal address, a launch failure) ends the adjudication
     with an error that says so and names it, instead of 63 more refusals and a host path that
     fail the same way (an H100, session 57)."""
-    import pytest
     from flashrt.kernels import ops
 
     monkeypatch.setenv("FLASHRT_CACHE_DIR", str(tmp_path))
@@ -81,9 +90,7 @@ def test_choices_are_measured_once_and_cached_per_device(tmp_path, monkeypatch):
     monkeypatch.setenv("FLASHRT_CACHE_DIR", str(tmp_path))
     measured = []
 
-    def measure(c):
-        measured.append(c)
-        return Outcome(c, {"gemv": 3.0, "mma": 5.0}[c.form], 0.999)
+    measure = recorded(measured)
 
     tuner = Tuner()
     assert tuner.choose("H200", "linear:M1", [A, B], measure, may_measure=True) == A
@@ -103,8 +110,7 @@ def test_processes_sharing_a_cache_keep_each_others_choices(tmp_path, monkeypatc
     is then, so neither drops the other's. Until session 58 each wrote the table it had loaded."""
     monkeypatch.setenv("FLASHRT_CACHE_DIR", str(tmp_path))
 
-    def measure(c):
-        return Outcome(c, {"gemv": 3.0, "mma": 5.0}[c.form], 0.999)
+    measure = gemv_faster
 
     first, last = Tuner(), Tuner()
     first.choose("H200", "linear:M1:layers", [A, B], measure, may_measure=True)
@@ -115,7 +121,7 @@ def test_processes_sharing_a_cache_keep_each_others_choices(tmp_path, monkeypatc
     assert set(saved) == {"linear:M1:layers", "linear:M1:head", "linear:M2:layers"}
     measured = []
     fresh = Tuner()
-    fresh.choose("H200", "linear:M1:head", [A, B], lambda c: measured.append(c) or measure(c), may_measure=True)
+    fresh.choose("H200", "linear:M1:head", [A, B], recorded(measured), may_measure=True)
     assert measured == [], "the next start finds the head's choice"
 
 
@@ -125,9 +131,7 @@ def test_a_damaged_cache_is_measured_again_and_replaced(content, tmp_path, monke
     (tmp_path / "tuning-H200.json").write_text(content)
     measured = []
 
-    def measure(c):
-        measured.append(c)
-        return Outcome(c, {"gemv": 3.0, "mma": 5.0}[c.form], 0.999)
+    measure = recorded(measured)
 
     assert Tuner().choose("H200", "linear:M1", [A, B], measure, may_measure=True) == A
     assert len(measured) == 2
@@ -187,8 +191,7 @@ def test_a_decision_is_recalled_without_its_candidates_and_a_capture_stand_in_ne
     monkeypatch.setenv("FLASHRT_CACHE_DIR", str(tmp_path))
     A, B = candidate("gemv", {"BLOCK_N": 64}), candidate("mma", {"BLOCK_M": 16})
 
-    def measure(c):
-        return Outcome(c, {"gemv": 3.0, "mma": 5.0}[c.form], 0.999)
+    measure = gemv_faster
 
     tuner = Tuner()
     assert tuner.recall("H200", ("linear:M1", "auto")) is None
