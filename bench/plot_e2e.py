@@ -88,6 +88,8 @@ DEFAULT_MERGED = merge.RESULTS / "h200-e2e.json"
 H100_RESULTS = [
     merge.RESULTS / "h100-e2e-llama-d9dac6f.json",
     merge.RESULTS / "h100-e2e-qwen3-30b-a3b-1901c0d.json",
+    merge.RESULTS / "h100-e2e-llama-b32-ad5df1c.json",
+    merge.RESULTS / "h100-e2e-qwen3-30b-a3b-b32-ad5df1c.json",
 ]
 H100_MERGED = merge.RESULTS / "h100-e2e.json"
 H100_PNG = DEFAULT_PNG.with_name("decode-speedup-h100.png")
