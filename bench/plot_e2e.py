@@ -83,13 +83,16 @@ DEFAULT_RESULTS = [  # every arm with vLLM's merged projections, torch.compile's
 ]
 DEFAULT_PNG = Path(__file__).resolve().parents[1] / "docs" / "img" / "decode-speedup.png"
 DEFAULT_MERGED = merge.RESULTS / "h200-e2e.json"
-# The H100's runs, kept apart from the H200's (issue 7's targets are the H200's): sessions 57-58,
-# every H200 call answered by an H100.
+# The H100's runs, kept apart from the H200's (issue 7's targets are the H200's): sessions 57-59,
+# every H200 call answered by an H100. Llama's batch 1 at 2921505 comes before d9dac6f's run, so
+# the row is the current code's.
 H100_RESULTS = [
+    merge.RESULTS / "h100-e2e-llama-b1-2921505.json",
     merge.RESULTS / "h100-e2e-llama-d9dac6f.json",
     merge.RESULTS / "h100-e2e-qwen3-30b-a3b-1901c0d.json",
     merge.RESULTS / "h100-e2e-llama-b32-ad5df1c.json",
     merge.RESULTS / "h100-e2e-qwen3-30b-a3b-b32-ad5df1c.json",
+    merge.RESULTS / "h100-e2e-qwen3.5-l8-b1-2921505.json",
 ]
 H100_MERGED = merge.RESULTS / "h100-e2e.json"
 H100_PNG = DEFAULT_PNG.with_name("decode-speedup-h100.png")
