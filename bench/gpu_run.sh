@@ -28,12 +28,14 @@ if compgen -G "$root/.whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$wheels" "$root"/.whl/*.whl
 fi
 export PYTHONPATH="$site${wheels:+:$wheels}${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-# Kernel choices: bench/tuning/ holds the H200's, committed from earlier calls, so a fresh machine
-# does not spend minutes of its lease re-timing every shape (a cold Qwen3-30B batch-1 run took
-# 443 s, 58 s of it attach). The cache is written under OUTDIR, to be committed back.
+# Kernel choices: the package serves those shipped in kernels/choices/ (the H200's and the H100's,
+# committed from earlier calls), so a fresh machine does not spend minutes of its lease re-timing
+# every shape (a cold Qwen3-30B batch-1 run took 443 s, 58 s of it attach). They are copied into
+# the cache, written under OUTDIR, so that it holds them with the run's new ones, to be committed
+# back into kernels/choices/.
 if [ -z "${FLASHRT_CACHE_DIR:-}" ]; then
   export FLASHRT_CACHE_DIR="$out/tune"
-  mkdir -p "$FLASHRT_CACHE_DIR" && cp "$root"/bench/tuning/*.json "$FLASHRT_CACHE_DIR"/ 2>/dev/null
+  mkdir -p "$FLASHRT_CACHE_DIR" && cp "$root"/kernels/choices/*.json "$FLASHRT_CACHE_DIR"/ 2>/dev/null
 fi
 TUNING_SHAPES_AT_START=$(python3 -c 'import glob, json, sys
 print(sum(len(json.load(open(p))) for p in glob.glob(sys.argv[1] + "/tuning-*.json")))' "$FLASHRT_CACHE_DIR")

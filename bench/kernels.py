@@ -144,7 +144,7 @@ def provenance() -> dict:
         "source_digest": source_digest(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         # kernel choices already cached when the run started (bench/gpu_run.sh seeds them from
-        # bench/tuning/): attach times and warm-up figures depend on it; -1: not recorded
+        # kernels/choices/): attach times and warm-up figures depend on it; -1: not recorded
         "tuning_shapes_at_start": int(os.environ.get("TUNING_SHAPES_AT_START") or -1),
     }
 

@@ -44,7 +44,7 @@ def committed_or_exit(key: str) -> tuple[str, dict]:
     entry would be timed again and the profile would catch its candidates (fd9e9fb)."""
     choice = committed(key)
     if choice is None:
-        sys.exit(f"no committed choice for {key} in bench/tuning: run the kernel benchmark first")
+        sys.exit(f"no committed choice for {key} in kernels/choices: run the kernel benchmark first")
     return choice
 
 

@@ -19,7 +19,7 @@ barriers, shared memory) is. ``double`` says how far the time follows the instru
 
 Each arm compiles in a process of its own (the decode is a module constant the kernel reads
 when it compiles), with a fresh Triton cache. Weights in ``ring_layout`` as seats hold them on
-Hopper; the H200's tuned config for each shape (``bench/tuning``).
+Hopper; the H200's tuned config for each shape (``kernels/choices``).
 
 H200 (4140803, ``h200-probe-decode-cost-4140803.json``): without the decode 4-14% faster
 (gate_up at one token 19.73 us against 21.95), still 20% over the read-only kernel (16.48);
@@ -69,7 +69,7 @@ def patch(arm: str) -> None:
 def tuned_ring_cases(tokens=TOKENS, shapes=SHAPES):
     """``(shape, weight, its bytes in ring_layout, activations, config)`` at each of ``tokens``
     (in that order: a run cut short loses the last) for each of ``shapes`` that the H200 serves
-    with the ring form there, in its tuned config (``bench/tuning``); random operands, the same
+    with the ring form there, in its tuned config (``kernels/choices``); random operands, the same
     every run."""
     import torch
     from flashrt.bench.probe_warps import tuned

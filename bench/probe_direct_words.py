@@ -16,7 +16,7 @@ loop. The step's decode and MMA are the ring form's (``_weights_fragment``,
 ``_times_activations``).
 
 For each Llama shape and the LM head at one and 16 tokens, the H200's tuned ring config
-(``bench/tuning``) run as served and the same tiling read direct, each checked against the
+(``kernels/choices``) run as served and the same tiling read direct, each checked against the
 reference first, then each timed as the adjudicator times (``ops._time_us``); also the direct
 form at the other warp counts, and the read-only floor of ``probe_rows``.
 

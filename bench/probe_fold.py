@@ -3,7 +3,7 @@
 Every split-K launch of the ring forms is followed by ``linear_mma.reduce_splits``: a second
 kernel in the graph. In the seated graphs on the H200 every launch waited about 0.45 us after the
 one before it (6de6337, ``h200-e2e-llama-6de6337-b1.json``), and a reduce runs a few more; at 8
-tokens Llama-3-8B's tuned qkv, o_proj, gate_up and down all split (``bench/tuning``), 128
+tokens Llama-3-8B's tuned qkv, o_proj, gate_up and down all split (``kernels/choices``), 128
 reduces a step, and at 128 tokens (prefill) three of the four. ``_fold_splits`` has the last
 split of each tile to arrive sum the tile's partials instead, in the same order: no launch.
 
@@ -29,7 +29,7 @@ import torch
 from flashrt.bench.kernels import provenance
 from flashrt.bench.probe_ring_depth import name
 from flashrt.bench.timing import copies_for, graph_us
-from flashrt.kernels import linear_mma_gluon, linear_wgmma_gluon, nvfp4, ops, ring_layout
+from flashrt.kernels import linear_mma_gluon, linear_wgmma_gluon, nvfp4, ops, ring_layout, tuning
 
 FORMS = {"mma_gluon": linear_mma_gluon, "wgmma_gluon": linear_wgmma_gluon}
 # Llama-3-8B's four projections at 8 tokens (decode) and 128 (prefill): every split config offered.
@@ -39,9 +39,8 @@ DEADLINE_S = float(os.environ.get("PROBE_DEADLINE_S", "1e9"))
 
 def split_choices() -> list[tuple[int, int, int, str, dict]]:
     """``(M, N, K, form, config)`` of every committed H200 ring-layout choice that splits K."""
-    root = os.path.join(os.path.dirname(os.path.realpath(__file__)), "tuning")
     out = []
-    for path in sorted(glob.glob(os.path.join(root, "tuning-*H200*.json"))):
+    for path in sorted(glob.glob(os.path.join(tuning.SHIPPED, "tuning-*H200*.json"))):
         with open(path) as f:
             table = json.load(f)
         for key, entry in sorted(table.items()):

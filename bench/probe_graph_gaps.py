@@ -42,7 +42,7 @@ from flashrt.kernels.decode import cdiv
 ADDS = 256
 EVERY = 8
 ELEMENTS = 1 << 20
-# The H200's tuned ring config for a 4096 x 4096 layer at one token (bench/tuning).
+# The H200's tuned ring config for a 4096 x 4096 layer at one token (kernels/choices).
 RING_CONFIG = {"BLOCK_M": 8, "CHUNKS": 8, "ROW_TILES": 1, "STAGES": 4, "WARPS": 4, "LAYOUT": 1}
 
 

@@ -9,7 +9,7 @@ it was committed, dequant beat it on Llama's shapes at 512: gate_up 246 against 
 small layers at 512 and 2048 were never timed with it.
 
 Same run, each from HBM (``ops._time_us``), each checked against the reference first, weights in
-``ring_layout``: the H200's tuned choice (``bench/tuning``), every ``wgmma`` config that
+``ring_layout``: the H200's tuned choice (``kernels/choices``), every ``wgmma`` config that
 ``configs`` would offer at that token count were the form offered there, and bf16 ``F.linear``.
 Llama's four shapes at 512 tokens, the four expert-sized ones at 64, 128, 512 and 2048. From
 90d2867 to a0a45b4 also every 8-warp config of one row tile with 16 warps, not offered: at

@@ -10,7 +10,7 @@ programs (4 and 8 here), never 2, which would give 256 programs of 8 steps.
 For each Llama projection at 128 tokens, weights in ``ring_layout``, each checked against the
 reference first and timed as the adjudicator times (``ops._time_us``): every config both forms
 offer (``offered``), and every unsplit one of them split in two (``split2``); the best of each
-and the H200's tuned choice (``bench/tuning``).
+and the H200's tuned choice (``kernels/choices``).
 
 ``python3 bench/probe_prefill_splits.py OUT.json [SHAPE ...]`` with flashrt importable
 (``bench/gpu_run.sh``). H200 at 2463e7c (``h200-probe-prefill-splits-2463e7c.json``): o_proj

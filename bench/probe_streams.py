@@ -3,7 +3,7 @@
 Two cuts of the ring's own instructions bought nothing: the tile-slot form's 37 fewer a step
 (``bench/probe_tma_ring.py``) and the shift layout's third fewer on the integer pipe
 (``bench/probe_shift_layout.py``). So this probe changes where the bytes come from instead. The
-ring as served (``bench/tuning``'s config, ``ring_layout``) runs on the same activations:
+ring as served (``kernels/choices``'s config, ``ring_layout``) runs on the same activations:
 
 - ``served``: the weight as a seat holds it, from HBM;
 - ``scales_l2``: every row's scale bytes row 0's (a stride-0 view), the words as served;

@@ -17,7 +17,7 @@ barrier before every operation on an mbarrier's allocation.
 
 For each Llama shape, the LM head and Qwen3-30B's attention projections at 1, 16 and 8 tokens
 (``TOKENS``; 8 last, where a call's limit would cut it: ``DEADLINE_S``) that the H200 serves
-with the ring form: its tuned config (``bench/tuning``) as served, the ring at 4 warps where the
+with the ring form: its tuned config (``kernels/choices``) as served, the ring at 4 warps where the
 config has fewer, and the form in the served config's tiling at each of ``WS_SHAPES`` (more
 than the form offers, to choose its ``SHAPES`` from; two of them also a program a tile), each
 checked against the reference first, then timed as the adjudicator times (``ops._time_us``),

@@ -15,7 +15,7 @@ weights (``h200-kernels-quick-bcb02a5.json``: 6144 x 4096, 10.62 against 7.88 us
 share one activation slot among 128 or 256 rows.
 
 Same run, each from HBM after a read-only L2 flush (``ops._time_us``), every config checked
-against the reference first: the H200's tuned choice for the shape (``bench/tuning``), or the
+against the reference first: the H200's tuned choice for the shape (``kernels/choices``), or the
 best offered 4-stage config where none is cached, against the variants (``variants``).
 Weights in ``ring_layout`` as seats hold them on Hopper.
 
@@ -38,7 +38,7 @@ import torch
 from flashrt.bench.kernels import provenance
 from flashrt.bench.probe_ring_depth import name, timed
 from flashrt.bench.timing import copy_bandwidth_tbps
-from flashrt.kernels import linear_mma_gluon, nvfp4, ops, ring_layout
+from flashrt.kernels import linear_mma_gluon, nvfp4, ops, ring_layout, tuning
 from flashrt.kernels.decode import cdiv
 from flashrt.kernels.linear_mma import split_ks
 
@@ -53,9 +53,8 @@ DEADLINE_S = float(os.environ.get("PROBE_DEADLINE_S", "1e9"))
 
 
 def committed(key: str) -> tuple[str, dict] | None:
-    """The committed H200 choice under a tuning key (``bench/tuning``): its form and config."""
-    root = os.path.join(os.path.dirname(os.path.realpath(__file__)), "tuning")
-    for path in glob.glob(os.path.join(root, "tuning-*H200*.json")):
+    """The committed H200 choice under a tuning key (``kernels/choices``): its form and config."""
+    for path in glob.glob(os.path.join(tuning.SHIPPED, "tuning-*H200*.json")):
         with open(path) as f:
             entry = json.load(f).get(key)
         if entry:

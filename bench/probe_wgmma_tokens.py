@@ -13,7 +13,7 @@ permuted once per call (``permute_steps``, a launch of its own, timed with it).
 
 Same run, each from HBM after a read-only L2 flush (``ops._time_us``), each checked against the
 reference first, weights in ``ring_layout``: the H200's tuned choice for the shape
-(``bench/tuning``), else the best offered ``mma_gluon`` 4-stage config, against those.
+(``kernels/choices``), else the best offered ``mma_gluon`` 4-stage config, against those.
 
 ``python3 bench/probe_wgmma_tokens.py OUT.json [SHAPE ...]`` with flashrt importable
 (``bench/gpu_run.sh``).

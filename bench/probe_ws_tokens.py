@@ -6,7 +6,7 @@ the ``wgmma`` and ring forms. The warp-specialized form's 64-token tile (one m64
 warpgroup) is as offered at 65-128; a 32-token one (m64n32) is not offered anywhere.
 
 Same run, each from HBM (``ops._time_us``), each checked against the reference first, weights in
-``ring_layout``: the H200's tuned choice (``bench/tuning``), and every warp-specialized config the
+``ring_layout``: the H200's tuned choice (``kernels/choices``), and every warp-specialized config the
 form would offer at these counts with 32-, 64- and 128-token tiles, for Llama-3-8B's five layers,
 the LM head and the expert-sized layers at 64 and 32 tokens, and bf16 ``F.linear``.
 

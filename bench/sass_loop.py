@@ -9,7 +9,7 @@ runs it: the main loop is the backward branch whose body holds the most MMAs (th
 mbarrier waits hold none), the shortest such.
 
 ``python3 bench/sass_loop.py`` prints the loop of the ring form's config that the H200 serves for
-Llama-3-8B's gate_up at one token (``bench/tuning``), opcodes by count. Run it with the H200's
+Llama-3-8B's gate_up at one token (``kernels/choices``), opcodes by count. Run it with the H200's
 Triton (``PYTHONPATH=.venv/h200-triton``) for the figures of the kernels that ran there.
 """
 

@@ -762,7 +762,7 @@ GROUPED_DOWN_WARPS = (2, 4)
 # Past the 16 tokens where the H200 timed every way, only the two ways that won there: gate_up and
 # down both grouped by expert (Qwen3-30B's 128 experts) and the gate_up per pair with the unsplit
 # walk (Qwen3.5-35B's 256, where 16 tokens' 128 pairs meet about 100 experts; the tuning cache,
-# ``bench/tuning/``), each with its warps and stages: 16 configs to compile and time at a cold
+# ``kernels/choices/``), each with its warps and stages: 16 configs to compile and time at a cold
 # first call where 16 tokens offer 40 (a cold 32-token call outran a 270 s run at 8f05645).
 TIMED_UPTO = 16
 

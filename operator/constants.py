@@ -19,7 +19,8 @@ METRICS_MOUNT = "/var/run/flashrt/metrics"  # PROMETHEUS_MULTIPROC_DIR: every vL
 METRICS_SIZE_LIMIT = "64Mi"
 # Kernel choices (FLASHRT_CACHE_DIR) and Triton's compiled kernels (TRITON_CACHE_DIR) on an
 # emptyDir, which outlives container restarts: on the H200 the Qwen3.5-35B-shaped model attached
-# in 23.0 s with no choices kept and 3.9 s with them. No sizeLimit: going over one evicts the pod,
+# in 23.0 s with no choices kept and 3.9 s with them (on the GPUs whose choices the package ships,
+# kernels/choices/, a new pod starts from those). No sizeLimit: going over one evicts the pod,
 # and these bytes sat in the container's writable layer before, counted the same way against the
 # pod's ephemeral storage.
 CACHE_VOLUME = "flashrt-cache"

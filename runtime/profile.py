@@ -140,6 +140,13 @@ ENV = (
         str,
         "Where kernel choices per device and shape are kept (~/.cache/flashrt; injected: /var/cache/flashrt).",
     ),
+    EnvVar(
+        "FLASHRT_SHIPPED_CHOICES",
+        None,
+        str,
+        "1 (default): a shape this node has not measured takes the kernel choice shipped for its GPU; 0: every "
+        "shape is measured here.",
+    ),
     EnvVar("FLASHRT_COMMIT", None, str, "Benchmarks: the commit to record when the tree has no .git."),
     EnvVar("FLASHRT_TEST_SEED", None, _int, "Tests: replay a failed test with the seed it printed."),
     EnvVar("FLASHRT_CHECKOV", None, str, "Tests: the checkov executable (make test sets its own)."),

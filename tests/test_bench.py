@@ -812,12 +812,12 @@ def test_the_fold_probe_takes_every_committed_split_choice_of_the_ring_forms():
     every committed ring-layout choice of either ring form that splits K, its tokens and shape
     read from the key, both forms among them (decode and prefill)."""
     import json
-    from pathlib import Path
 
     from flashrt.bench import probe_fold
+    from flashrt.kernels import tuning
 
     table = {}
-    for path in (Path(__file__).resolve().parent.parent / "bench" / "tuning").glob("tuning-*H200*.json"):
+    for path in tuning.SHIPPED.glob("tuning-*H200*.json"):
         table |= json.loads(path.read_text())
     choices = probe_fold.split_choices()
     keys = [f"linear:torch.bfloat16:M{m}:N{n}:K{k}:ring" for m, n, k, _, _ in choices]

@@ -7,6 +7,7 @@ import sys
 import time
 
 import pytest
+from flashrt.kernels import tuning
 from flashrt.kernels.tuning import Outcome, Tuner, adjudicate, bucket, candidate
 
 A = candidate("gemv", {"BLOCK_N": 8})
@@ -167,6 +168,88 @@ for shape in range(41):
     assert [rank.wait(timeout=120) for rank in ranks] == [0] * 4
     saved = json.loads((cache / "tuning-H200.json").read_text())
     assert set(saved) == {f"linear:rank{rank}:{shape}" for rank in range(4) for shape in range(41)}
+
+
+def _ship(folder, device_key: str, choices: dict) -> None:
+    """A shipped table for ``device_key``: shape -> (winner, the candidates it was chosen among)."""
+    folder.mkdir(exist_ok=True)
+    raw = {
+        key: {"form": c.form, "config": list(c.config), "precision": c.precision, "offered": tuning._offered(among)}
+        for key, (c, among) in choices.items()
+    }
+    (folder / f"tuning-{device_key}.json").write_text(json.dumps(raw))
+
+
+@pytest.fixture
+def shipped(tmp_path, monkeypatch):
+    """An empty node cache and a shipped folder of the test's own, in place of the package's."""
+    monkeypatch.setenv("FLASHRT_CACHE_DIR", str(tmp_path / "node"))
+    monkeypatch.delenv(tuning.SHIPPED_SWITCH, raising=False)
+    monkeypatch.setattr(tuning, "SHIPPED", tmp_path / "shipped")
+    return tmp_path / "shipped"
+
+
+def test_a_shape_the_node_has_not_measured_is_served_the_choice_shipped_for_its_gpu(shipped, tmp_path):
+    """A fresh pod on a GPU we benchmarked serves what was measured there (``mma``, where this
+    test's measurement would pick ``gemv``), measures nothing and writes nothing; another GPU
+    still measures."""
+    _ship(shipped, "H200", {"linear:M1": (B, [A, B])})
+    measured = []
+    tuner = Tuner()
+    assert tuner.choose("H200", "linear:M1", [A, B], recorded(measured), may_measure=True) == B
+    assert measured == [] and not (tmp_path / "node").exists()
+    assert tuner.choose("B200", "linear:M1", [A, B], recorded(measured), may_measure=True) == A
+    assert measured == [A, B]
+
+
+def test_the_nodes_own_choice_wins_over_the_shipped_one(shipped, tmp_path):
+    _ship(shipped, "H200", {"linear:M1": (B, [A, B]), "linear:M2": (B, [A, B])})
+    _ship(tmp_path / "node", "H200", {"linear:M1": (A, [A, B])})
+    measured = []
+    tuner = Tuner()
+    assert tuner.choose("H200", "linear:M1", [A, B], recorded(measured), may_measure=True) == A
+    assert tuner.choose("H200", "linear:M2", [A, B], recorded(measured), may_measure=True) == B
+    assert measured == []
+
+
+def test_a_shipped_choice_made_among_other_candidates_is_measured_again_on_the_node(shipped, tmp_path):
+    """A build that offers other configs than the shipped choice was made among measures the
+    shape, and keeps its choice in the node's file alone; the shipped file is left as it was."""
+    _ship(shipped, "H200", {"linear:M1": (B, [B])})
+    before = (shipped / "tuning-H200.json").read_text()
+    measured = []
+    assert Tuner().choose("H200", "linear:M1", [A, B], recorded(measured), may_measure=True) == A
+    assert measured == [A, B]
+    assert set(json.loads((tmp_path / "node" / "tuning-H200.json").read_text())) == {"linear:M1"}
+    assert (shipped / "tuning-H200.json").read_text() == before
+
+
+def test_shipped_choices_can_be_turned_off_and_a_bad_switch_names_itself(shipped, monkeypatch):
+    _ship(shipped, "H200", {"linear:M1": (B, [A, B])})
+    monkeypatch.setenv(tuning.SHIPPED_SWITCH, "0")
+    measured = []
+    assert Tuner().choose("H200", "linear:M1", [A, B], recorded(measured), may_measure=True) == A
+    assert measured == [A, B]
+    monkeypatch.setenv(tuning.SHIPPED_SWITCH, "off")
+    with pytest.raises(ValueError, match=r"FLASHRT_SHIPPED_CHOICES='off': use 1 .* or 0"):
+        Tuner().choose("H200", "linear:M1", [A, B], gemv_faster, may_measure=True)
+
+
+def test_the_package_ships_the_benchmark_gpus_choices_and_the_bundle_carries_them(tmp_path):
+    """Each shipped file is a table of choices under a device key as ``ops._device_key`` spells
+    one, for the H200 and the H100; ``flashrt bundle`` (what a pod gets) holds the same files."""
+    files = sorted(tuning.SHIPPED.glob("tuning-*.json"))
+    assert [f.name for f in files] == [
+        "tuning-NVIDIA-H100-80GB-HBM3-sm90-triton3.6.0.json",
+        "tuning-NVIDIA-H200-sm90-triton3.6.0.json",
+    ]
+    for f in files:
+        table = tuning._load_choices(f)
+        assert len(table) > 50 and all(c.form and offered for c, offered in table.values())
+    bundle = tmp_path / "bundle"
+    subprocess.run([os.path.join(os.path.dirname(sys.executable), "flashrt"), "bundle", str(bundle)], check=True)
+    carried = bundle / "flashrt" / "kernels" / "choices"
+    assert {f.name: f.read_bytes() for f in carried.glob("*.json")} == {f.name: f.read_bytes() for f in files}
 
 
 def test_a_cached_choice_is_remade_when_the_candidates_change(tmp_path, monkeypatch):
