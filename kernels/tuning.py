@@ -21,6 +21,7 @@ Before a shape's candidates are timed, their kernels are compiled together on a 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import fcntl
 import functools
@@ -40,6 +41,8 @@ WIN_MARGIN = 0.03
 # Qwen3.5-35B-shaped model in 23.0 s against 3.9 s.
 SHIPPED = Path(__file__).resolve().parent / "choices"
 SHIPPED_SWITCH = "FLASHRT_SHIPPED_CHOICES"
+# Where a choice came from: measured in this process, this node's cache, the shipped table.
+SOURCES = ("measured", "node", "shipped")
 
 
 @dataclass(frozen=True)
@@ -221,6 +224,9 @@ class Tuner:
         self._choices: dict[str, dict[str, tuple[Candidate, str]]] = {}  # shape -> (winner, offered)
         self._decided: dict[tuple[str, Hashable], Candidate] = {}  # (device, memo) -> winner
         self._notes: dict[str, tuple[str, ...]] = {}
+        self._shipped: dict[str, set[str]] = {}  # device -> shapes whose choice is the shipped one
+        self.sources: collections.Counter[str] = collections.Counter()  # choices made, by source
+        self.on_choice: Callable[[str], None] | None = None  # told each choice's source (the metrics)
         self._lock = threading.Lock()
 
     def _device_table(self, device_key: str) -> dict[str, tuple[Candidate, str]]:
@@ -228,8 +234,15 @@ class Tuner:
         if device_key not in self._choices:
             name = f"tuning-{device_key}.json"
             shipped = _load_choices(SHIPPED / name) if _shipped_on() else {}
-            self._choices[device_key] = shipped | _load_choices(_cache_dir() / name)
+            node = _load_choices(_cache_dir() / name)
+            self._choices[device_key] = shipped | node
+            self._shipped[device_key] = set(shipped) - set(node)
         return self._choices[device_key]
+
+    def _chose(self, source: str) -> None:
+        self.sources[source] += 1
+        if self.on_choice is not None:
+            self.on_choice(source)
 
     def _persist(self, device_key: str, shape_key: str) -> None:
         """``shape_key``'s choice written into the file as it is now, under a lock. Every process
@@ -286,6 +299,7 @@ class Tuner:
             if cached is not None and cached_among == offered:
                 if memo is not None:
                     self._decided[device_key, memo] = cached
+                self._chose("shipped" if shape_key in self._shipped[device_key] else "node")
                 return cached
             if not may_measure:
                 return candidates[0]
@@ -296,7 +310,9 @@ class Tuner:
             if verdict.winner is None:
                 raise RuntimeError(f"no kernel candidate qualified for {shape_key}: " + "; ".join(verdict.notes))
             table[shape_key] = (verdict.winner, offered)
+            self._shipped[device_key].discard(shape_key)
             self._persist(device_key, shape_key)
+            self._chose("measured")
             if memo is not None:
                 self._decided[device_key, memo] = verdict.winner
             return verdict.winner

@@ -59,6 +59,12 @@ DEFINITIONS = (
     ),
     Definition("flashrt_attach_seconds", "gauge", (), "Seconds the last attach took.", "livemax"),
     Definition(
+        "flashrt_kernel_choices_total",
+        "counter",
+        ("source",),
+        "Kernel choices made, by source: measured here, from this node's cache, or shipped for this GPU.",
+    ),
+    Definition(
         "flashrt_no_seats", "gauge", (), "1 when activation ended with no seat at all in this process.", "livemax"
     ),
     Definition(

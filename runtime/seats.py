@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 import torch
 import torch.nn.functional as F
 from flashrt.kernels import NVFP4Weight, absolute_max, linear, linear_reference, moe, moe_reference, ops, quantize
-from flashrt.kernels.tuning import TUNER
+from flashrt.kernels.tuning import SOURCES, TUNER
 from flashrt.runtime.metrics import metrics
 from flashrt.runtime.profile import SeatProfile
 
@@ -470,6 +470,10 @@ def _publish(handle: Handle) -> None:
     m["flashrt_no_seats"].set(0 if any(s.state == "seated" for s in handle.seats) else 1)
 
 
+def _count_choice(source: str) -> None:
+    metrics()["flashrt_kernel_choices_total"].labels(source).inc()
+
+
 def attach(model: torch.nn.Module, profile: SeatProfile | None = None, discover=discover, seat_types=None) -> Handle:
     """Seat every admitted projection, expert bank and LM head of ``model``; never raises for a
     seat that cannot be bound (``profile.strict`` raises when none could). ``discover`` and
@@ -480,6 +484,10 @@ def attach(model: torch.nn.Module, profile: SeatProfile | None = None, discover=
 
     profile = profile or SeatProfile()
     ops.pin_activations(profile.activations)
+    for source in SOURCES:  # every source's series from the first scrape, at 0
+        metrics()["flashrt_kernel_choices_total"].labels(source)
+    TUNER.on_choice = _count_choice  # the choices serving makes later are counted too
+    chosen_before = TUNER.sources.copy()
     start = time.perf_counter()
     seats, notes = [], []
     for spec in discover(model, profile):
@@ -500,13 +508,16 @@ def attach(model: torch.nn.Module, profile: SeatProfile | None = None, discover=
     if any(p.is_cuda for p in model.parameters()):
         # Calibration calls ran the adjudication for their shapes: keep every outcome.
         notes += [f"kernel {key}: " + "; ".join(outcomes) for key, outcomes in TUNER.all_notes().items()]
+        chosen = TUNER.sources - chosen_before
+        notes.append("kernel choices: " + ", ".join(f"{chosen[source]} {source}" for source in SOURCES))
     else:
         notes.append("kernels: the plain-torch reference serves every seam (no CUDA device)")
+    kernels = notes[-1]
     handle = Handle(model, profile, seats, notes, time.perf_counter() - start)
     form = "triton" if any(p.is_cuda for p in model.parameters()) else "reference"
     metrics()["flashrt_runtime_info"].labels(__version__, torch.__version__, triton.__version__, form).set(1)
     _publish(handle)
-    log.info("flashrt: attach took %.2f s\n%s", handle.attach_seconds, handle.table())
+    log.info("flashrt: attach took %.2f s (%s)\n%s", handle.attach_seconds, kernels, handle.table())
     if not any(s.state == "seated" for s in seats):
         reasons = "; ".join(f"{s.name}: {s.reason}" for s in seats) or "no seat found in the model"
         if profile.strict:

@@ -330,6 +330,28 @@ def test_metric_values_equal_the_calls_made():
     handle.detach()
 
 
+def test_kernel_choices_are_counted_by_source_from_the_attach_on(tmp_path, monkeypatch):
+    """``attach`` wires the tuner to ``flashrt_kernel_choices_total``: each source's series is
+    there from the attach, at zero, and every choice made after it (serving meets new token
+    counts) is counted under its source: measured here, then this node's."""
+    from flashrt.kernels.tuning import SOURCES, TUNER, Outcome, candidate
+    from prometheus_client import REGISTRY
+
+    def counted():
+        return {s: REGISTRY.get_sample_value("flashrt_kernel_choices_total", {"source": s}) for s in SOURCES}
+
+    monkeypatch.setenv("FLASHRT_CACHE_DIR", str(tmp_path))
+    handle = attach(_qwen3_moe(), PROFILE)
+    before = counted()
+    assert None not in before.values()
+    gemv = candidate("gemv", {"BLOCK_N": 8})
+    for _ in range(2):
+        TUNER.choose("test-gpu", "linear:M1:counted", [gemv], lambda c: Outcome(c, 1.0, 1.0), may_measure=True)
+    after = counted()
+    assert {s: after[s] - before[s] for s in SOURCES} == {"measured": 1, "node": 1, "shipped": 0}
+    handle.detach()
+
+
 def test_expert_rows_above_the_band_go_to_the_retained_host_bank():
     model = _qwen3_moe()
     handle = attach(model, SeatProfile(min_params=0, kinds=("experts",), moe_band_t=4, parity_floor=FLOOR))

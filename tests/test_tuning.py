@@ -200,16 +200,19 @@ def test_a_shape_the_node_has_not_measured_is_served_the_choice_shipped_for_its_
     assert measured == [] and not (tmp_path / "node").exists()
     assert tuner.choose("B200", "linear:M1", [A, B], recorded(measured), may_measure=True) == A
     assert measured == [A, B]
+    assert tuner.sources == {"shipped": 1, "measured": 1}
 
 
 def test_the_nodes_own_choice_wins_over_the_shipped_one(shipped, tmp_path):
     _ship(shipped, "H200", {"linear:M1": (B, [A, B]), "linear:M2": (B, [A, B])})
     _ship(tmp_path / "node", "H200", {"linear:M1": (A, [A, B])})
-    measured = []
+    measured, told = [], []
     tuner = Tuner()
+    tuner.on_choice = told.append
     assert tuner.choose("H200", "linear:M1", [A, B], recorded(measured), may_measure=True) == A
     assert tuner.choose("H200", "linear:M2", [A, B], recorded(measured), may_measure=True) == B
     assert measured == []
+    assert told == ["node", "shipped"] and tuner.sources == {"node": 1, "shipped": 1}
 
 
 def test_a_shipped_choice_made_among_other_candidates_is_measured_again_on_the_node(shipped, tmp_path):
@@ -218,10 +221,13 @@ def test_a_shipped_choice_made_among_other_candidates_is_measured_again_on_the_n
     _ship(shipped, "H200", {"linear:M1": (B, [B])})
     before = (shipped / "tuning-H200.json").read_text()
     measured = []
-    assert Tuner().choose("H200", "linear:M1", [A, B], recorded(measured), may_measure=True) == A
+    tuner = Tuner()
+    assert tuner.choose("H200", "linear:M1", [A, B], recorded(measured), may_measure=True) == A
     assert measured == [A, B]
     assert set(json.loads((tmp_path / "node" / "tuning-H200.json").read_text())) == {"linear:M1"}
     assert (shipped / "tuning-H200.json").read_text() == before
+    assert tuner.choose("H200", "linear:M1", [A, B], recorded(measured), may_measure=True) == A
+    assert tuner.sources == {"measured": 1, "node": 1}, "the choice it measured is the node's, not shipped"
 
 
 def test_shipped_choices_can_be_turned_off_and_a_bad_switch_names_itself(shipped, monkeypatch):
