@@ -185,7 +185,8 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("FLASHRT_CACHE_DIR", Path.home() / ".cache" / "flashrt"))
 
 
-def _shipped_on() -> bool:
+def shipped_on() -> bool:
+    """Whether shipped choices are served (``FLASHRT_SHIPPED_CHOICES``); anything but 0 or 1 is an error."""
     raw = os.environ.get(SHIPPED_SWITCH, "1").strip()
     if raw not in ("0", "1"):
         raise ValueError(
@@ -233,7 +234,7 @@ class Tuner:
         """This node's choices over the shipped ones for the device (``SHIPPED``)."""
         if device_key not in self._choices:
             name = f"tuning-{device_key}.json"
-            shipped = _load_choices(SHIPPED / name) if _shipped_on() else {}
+            shipped = _load_choices(SHIPPED / name) if shipped_on() else {}
             node = _load_choices(_cache_dir() / name)
             self._choices[device_key] = shipped | node
             self._shipped[device_key] = set(shipped) - set(node)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 import torch
 import torch.nn.functional as F
 from flashrt.kernels import NVFP4Weight, absolute_max, linear, linear_reference, moe, moe_reference, ops, quantize
-from flashrt.kernels.tuning import SOURCES, TUNER
+from flashrt.kernels.tuning import SOURCES, TUNER, shipped_on
 from flashrt.runtime.metrics import metrics
 from flashrt.runtime.profile import SeatProfile
 
@@ -484,6 +484,7 @@ def attach(model: torch.nn.Module, profile: SeatProfile | None = None, discover=
 
     profile = profile or SeatProfile()
     ops.pin_activations(profile.activations)
+    shipped_on()  # a bad FLASHRT_SHIPPED_CHOICES stops here, as the profile's variables do, not in every seat
     for source in SOURCES:  # every source's series from the first scrape, at 0
         metrics()["flashrt_kernel_choices_total"].labels(source)
     TUNER.on_choice = _count_choice  # the choices serving makes later are counted too

@@ -352,6 +352,18 @@ def test_kernel_choices_are_counted_by_source_from_the_attach_on(tmp_path, monke
     handle.detach()
 
 
+def test_a_bad_shipped_choices_switch_stops_the_attach_before_any_seat(monkeypatch):
+    monkeypatch.setenv("FLASHRT_SHIPPED_CHOICES", "yes")
+    model = _qwen3_moe()
+    with pytest.raises(ValueError, match=r"FLASHRT_SHIPPED_CHOICES='yes': use 1 .* or 0"):
+        attach(model, PROFILE)
+    assert not [name for name, m in model.named_modules() if "forward" in vars(m)], "no seat was bound"
+    monkeypatch.setenv("FLASHRT_SHIPPED_CHOICES", "0")
+    handle = attach(model, PROFILE)
+    assert [name for name, m in model.named_modules() if "forward" in vars(m)], "0 is a value"
+    handle.detach()
+
+
 def test_expert_rows_above_the_band_go_to_the_retained_host_bank():
     model = _qwen3_moe()
     handle = attach(model, SeatProfile(min_params=0, kinds=("experts",), moe_band_t=4, parity_floor=FLOOR))
