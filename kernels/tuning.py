@@ -211,6 +211,14 @@ def _load_choices(path: Path) -> dict[str, tuple[Candidate, str]]:
         return {}
 
 
+def _dump_choices(table: dict[str, tuple[Candidate, str]]) -> dict:
+    """Choices, shape -> (winner, offered), as a tuning file holds them (``_load_choices`` reads it)."""
+    return {
+        key: {"form": c.form, "config": list(c.config), "precision": c.precision, "offered": offered}
+        for key, (c, offered) in table.items()
+    }
+
+
 def _offered(candidates: list[Candidate]) -> str:
     """A fingerprint of the candidate set a choice was made among."""
     import hashlib
@@ -258,12 +266,8 @@ class Tuner:
                 fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
                 table = _load_choices(path)
                 table[shape_key] = self._choices[device_key][shape_key]
-                raw = {
-                    k: {"form": c.form, "config": list(c.config), "precision": c.precision, "offered": offered}
-                    for k, (c, offered) in table.items()
-                }
                 tmp = path.with_suffix(f".{os.getpid()}.tmp")
-                tmp.write_text(json.dumps(raw, indent=1, sort_keys=True))
+                tmp.write_text(json.dumps(_dump_choices(table), indent=1, sort_keys=True))
                 tmp.replace(path)
         except OSError:
             pass  # a read-only home only costs a re-measure in the next process

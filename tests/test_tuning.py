@@ -173,11 +173,8 @@ for shape in range(41):
 def _ship(folder, device_key: str, choices: dict) -> None:
     """A shipped table for ``device_key``: shape -> (winner, the candidates it was chosen among)."""
     folder.mkdir(exist_ok=True)
-    raw = {
-        key: {"form": c.form, "config": list(c.config), "precision": c.precision, "offered": tuning._offered(among)}
-        for key, (c, among) in choices.items()
-    }
-    (folder / f"tuning-{device_key}.json").write_text(json.dumps(raw))
+    table = {key: (c, tuning._offered(among)) for key, (c, among) in choices.items()}
+    (folder / f"tuning-{device_key}.json").write_text(json.dumps(tuning._dump_choices(table)))
 
 
 @pytest.fixture
