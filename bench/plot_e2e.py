@@ -92,6 +92,8 @@ H100_RESULTS = [
     merge.RESULTS / "h100-e2e-qwen3-30b-a3b-1901c0d.json",
     merge.RESULTS / "h100-e2e-llama-b32-ad5df1c.json",
     merge.RESULTS / "h100-e2e-qwen3-30b-a3b-b32-ad5df1c.json",
+    merge.RESULTS / "h100-e2e-qwen3.5-l8-b1-4-8-d68f191.json",
+    merge.RESULTS / "h100-e2e-qwen3.5-l8-b16-32-d68f191.json",
     merge.RESULTS / "h100-e2e-qwen3.5-l8-b1-2921505.json",
 ]
 H100_MERGED = merge.RESULTS / "h100-e2e.json"
