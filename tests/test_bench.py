@@ -992,3 +992,37 @@ def test_a_projection_after_an_early_triggering_compiled_kernel_gives_every_bit_
             assert all(torch.equal(a, b) for a, b in zip(static, (y, h), strict=True)), "replayed"
             outputs.append(y)
     assert torch.equal(outputs[0], outputs[1])
+
+
+def test_the_norm_bound_probe_leaves_out_only_what_it_names_and_puts_it_back():
+    """``bench/probe_norm_bound.py``'s arms: with the add-norms left out no norm runs, with the
+    activation too no SiLU runs and the merged gate-up group still lets go of its GEMM; restored,
+    the model computes what it did, bit for bit."""
+    from flashrt.bench import probe_norm_bound
+
+    model = _tiny("dense")
+    e2e.merge_projections(model)
+    ids = torch.randint(0, 512, (2, 5))
+    with torch.no_grad():
+        served = model(ids).logits
+    calls = {"norm": 0, "act": 0}
+
+    def count(kind):
+        return lambda *_: calls.__setitem__(kind, calls[kind] + 1)
+
+    for layer in model.model.layers:
+        layer.input_layernorm.register_forward_hook(count("norm"))
+        layer.post_attention_layernorm.register_forward_hook(count("norm"))
+        layer.mlp.act_fn.register_forward_hook(count("act"))
+    for activation, expected in ((False, {"norm": 0, "act": 2}), (True, {"norm": 0, "act": 0})):
+        calls.update(norm=0, act=0)
+        probe_norm_bound.leave_out(model, activation)
+        with torch.no_grad():
+            left_out = model(ids).logits
+        assert calls == expected and not torch.equal(left_out, served)
+        assert all(layer.mlp.gate_proj.group.input is None for layer in model.model.layers)
+        probe_norm_bound.restore(model)
+    calls.update(norm=0, act=0)
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, served)
+    assert calls == {"norm": 4, "act": 2}

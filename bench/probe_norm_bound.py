@@ -1,0 +1,81 @@
+"""How much of the seated decode step the kernels between the projections take: the most that
+fusing them into the projections could give, measured before anything is built.
+
+At batch 1 on the H100 (d68f191, ``h100-e2e-llama-b1-shipped-d68f191.json``) Llama-3-8B's seated
+step ran 2.12 ms, its projections 1.77 of it; between them, per layer, two fused add-and-RMSNorm
+kernels (about 150 us a step together) and the MLP's SiLU-and-mul (45 us). Fused, the norm's
+weight would go into the projection's weight, its per-token scale into the projection's
+epilogue and the residual add into the epilogue of the projection before, the activation into
+gate_up's epilogue: what each kernel costs the step is the bound of what its fusion can save.
+
+Arms, one process, each ``e2e.measure``'s captured step, the seats attached once:
+
+- ``served``: the model as the e2e benchmark runs it, measured first and last;
+- ``no add-norm``: every decoder layer's two norms and two residual adds left out, so each
+  projection follows the one before with nothing between but the attention (the model computes
+  nothing meaningful then, and no kernel's work depends on the values);
+- ``no add-norm, no activation``: the MLP's SiLU-and-mul left out too (down reads gate's half).
+
+``python3 bench/probe_norm_bound.py OUT.json [model] [batch]`` with flashrt importable
+(``bench/gpu_run.sh OUTDIR probe probe_norm_bound``); dense models only (an expert bank's
+routing would depend on the values).
+"""
+
+import json
+import sys
+import types
+
+import torch
+from flashrt.bench import e2e
+from flashrt.bench.kernels import provenance
+from flashrt.runtime import attach
+
+
+def _without_add_norm(layer, hidden_states, **kwargs):
+    hidden_states, _ = layer.self_attn(hidden_states=hidden_states, **kwargs)
+    return layer.mlp(hidden_states)
+
+
+def _without_activation(mlp, x):
+    gate = mlp.gate_proj(x)
+    mlp.up_proj(x)  # its slice of the merged GEMM, taken and dropped: the group then lets go
+    return mlp.down_proj(gate)
+
+
+def leave_out(model: torch.nn.Module, activation: bool) -> None:
+    """Every decoder layer without its norms and residual adds, and where ``activation`` its
+    MLP without SiLU-and-mul; ``restore`` puts the classes' own forwards back."""
+    for layer in model.model.layers:
+        layer.forward = types.MethodType(_without_add_norm, layer)
+        if activation:
+            layer.mlp.forward = types.MethodType(_without_activation, layer.mlp)
+
+
+def restore(model: torch.nn.Module) -> None:
+    for layer in model.model.layers:
+        for module in (layer, layer.mlp):
+            module.__dict__.pop("forward", None)
+
+
+def main(path: str, name: str = "llama3-8b", batch: int = 1) -> None:
+    result = {**provenance(), "model": name, "batch": batch, "rows": []}
+    model, moe, prompt = e2e.probe_model(name, batch)
+    if moe:
+        raise SystemExit(f"{name}: has expert banks, whose routing depends on the values; a dense model only")
+    attach(model, e2e.run_profile(moe))
+    e2e._pdl_for("seated", "seated")
+    arms = (("served", None), ("no add-norm", False), ("no add-norm, no activation", True), ("served", None))
+    for label, activation in arms:
+        restore(model)
+        if activation is not None:
+            leave_out(model, activation)
+        figures = e2e.measure(model, True, prompt)
+        result["rows"].append({"arm": label, "step_ms": figures["step_ms"]})
+        print(f"{name} seated batch {batch}: {label:28s} step {figures['step_ms']:.3f} ms", flush=True)
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+    restore(model)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], *sys.argv[2:3], *(int(b) for b in sys.argv[3:4]))
