@@ -3,8 +3,8 @@ fusing them into the projections could give, measured before anything is built.
 
 At batch 1 on the H100 (d68f191, ``h100-e2e-llama-b1-shipped-d68f191.json``) Llama-3-8B's seated
 step ran 2.12 ms, its projections 1.77 of it; between them, per layer, two fused add-and-RMSNorm
-kernels (about 163 us a step in all), the residual add after down (41 us) and the MLP's
-SiLU-and-mul (45 us), about 54 us of the 249 overlapped by PDL. Fused, the norm's
+kernels (163 us a step in all), the residual add after down (43 us) and the MLP's
+SiLU-and-mul (45 us), 55 us of the 251 overlapped by PDL. Fused, the norm's
 weight would go into the projection's weight, its per-token scale into the projection's
 epilogue and the residual add into the epilogue of the projection before, the activation into
 gate_up's epilogue: what each kernel costs the step is the bound of what its fusion can save.
