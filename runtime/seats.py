@@ -506,16 +506,17 @@ def attach(model: torch.nn.Module, profile: SeatProfile | None = None, discover=
             seat.state, seat.reason = "refused", f"{type(exc).__name__}: {exc}"
             notes.append(f"{spec.name}: {spec.kind}, refused: {type(exc).__name__}: {exc}")
         seats.append(seat)
-    if any(p.is_cuda for p in model.parameters()):
+    on_gpu = any(p.is_cuda for p in model.parameters())
+    if on_gpu:
         # Calibration calls ran the adjudication for their shapes: keep every outcome.
         notes += [f"kernel {key}: " + "; ".join(outcomes) for key, outcomes in TUNER.all_notes().items()]
         chosen = TUNER.sources - chosen_before
-        notes.append("kernel choices: " + ", ".join(f"{chosen[source]} {source}" for source in SOURCES))
+        kernels = "kernel choices: " + ", ".join(f"{chosen[source]} {source}" for source in SOURCES)
     else:
-        notes.append("kernels: the plain-torch reference serves every seam (no CUDA device)")
-    kernels = notes[-1]
+        kernels = "kernels: the plain-torch reference serves every seam (no CUDA device)"
+    notes.append(kernels)
     handle = Handle(model, profile, seats, notes, time.perf_counter() - start)
-    form = "triton" if any(p.is_cuda for p in model.parameters()) else "reference"
+    form = "triton" if on_gpu else "reference"
     metrics()["flashrt_runtime_info"].labels(__version__, torch.__version__, triton.__version__, form).set(1)
     _publish(handle)
     log.info("flashrt: attach took %.2f s (%s)\n%s", handle.attach_seconds, kernels, handle.table())
