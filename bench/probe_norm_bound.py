@@ -18,7 +18,7 @@ Arms, one process, each ``e2e.measure``'s captured step, the seats attached once
 - ``no add-norm, no activation``: the MLP's SiLU-and-mul left out too (down reads gate's half).
 
 Measured at 366ad5d on the H100 (``h100-probe-norm-bound-b{1,8}-366ad5d.json``): the step went
-from 2.174 to 2.054 ms without the add-norms and to 2.023 without the activation too at batch 1,
+from 2.175 to 2.054 ms without the add-norms and to 2.023 without the activation too at batch 1,
 from 2.736 to 2.577 at batch 8: 151 and 159 us, 7.0 and 5.8% of the step, less than the 196 us
 the profile's kernel times (less their overlap) promised. If the H200 saves as much (its
 profiles give these kernels the H100's times), a fusion that cost the projections nothing would
