@@ -75,15 +75,14 @@ def main(path: str, name: str = "llama3-8b", batch: int = 1) -> None:
     e2e._pdl_for("seated", "seated")
     arms = (("served", None), ("no add-norm", False), ("no add-norm, no activation", True), ("served", None))
     for label, activation in arms:
-        restore(model)
         if activation is not None:
             leave_out(model, activation)
         figures = e2e.measure(model, True, prompt)
+        restore(model)
         result["rows"].append({"arm": label, "step_ms": figures["step_ms"]})
         print(f"{name} seated batch {batch}: {label:28s} step {figures['step_ms']:.3f} ms", flush=True)
         with open(path, "w") as f:
             json.dump(result, f, indent=1)
-    restore(model)
 
 
 if __name__ == "__main__":
