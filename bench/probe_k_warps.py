@@ -197,6 +197,37 @@ def launch(x, packed, scales, global_scale, out, config: dict, layout: int) -> t
     return out
 
 
+SIGNATURE = {
+    "x_ptr": "*bf16",
+    "words_ptr": "*i32",
+    "scales_ptr": "*i32",
+    "global_scale_ptr": "*fp32",
+    "out_ptr": "*bf16",
+    **{name: "i32" for name in ("M", "N", "K", "stride_xm", "stride_om", "stride_wn", "stride_sn")},
+    "chunk_words": "i32",
+    "chunk_scales": "i32",
+    **{name: "constexpr" for name in ("BLOCK_M", "ROW_TILES", "K_WARPS", "STAGES", "LAYOUT")},
+}
+
+
+def compile_for(config: dict, layout: int, arch: int = 90):
+    """The kernel compiled for ``sm_<arch>`` without a GPU, every pointer and integer but M
+    aligned to 16 as Llama's layers are (``kernels.build.compile_for``)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    aligned = {
+        (i,): [["tt.divisibility", 16]]
+        for i, (name, kind) in enumerate(SIGNATURE.items())
+        if kind != "constexpr" and name != "M"
+    }
+    src = GluonASTSource(
+        fn=nvfp4_linear_k_warps_kernel, signature=SIGNATURE, constexprs=config | {"LAYOUT": layout}, attrs=aligned
+    )
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": config["K_WARPS"]})
+
+
 def served_choices(m: int, n: int, k: int) -> dict[str, dict]:
     """The ring-layout config each card's committed tuning table serves ``m x n x k`` with, by
     card (``kernels/choices/``), where it is this form's."""
