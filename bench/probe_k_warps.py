@@ -13,9 +13,11 @@ Here a program's warps split K instead: warp ``w`` takes chunk ``w`` of the prog
 the chunked forms' MMA rows do, but each warp multiplies its chunk by its own chunk of the
 activations: a batched ``mma.sync`` (``[K_WARPS, rows, tokens]``, the warps along the batch),
 then one sum across the warps through shared memory, and the output stored in bf16. No partials,
-no reduce launch, no atomics. What it costs: a program of ``16 ROW_TILES`` rows reads its
-tokens' whole K of activations from L2 (twice the weight bytes at 8 tokens and 16 rows, where
-the served qkv split 4 reads half), and a ring stage carries ``K_WARPS`` activation steps.
+no reduce launch, no atomics. What it costs: a program of ``16 ROW_TILES ROW_WARPS`` rows reads
+its tokens' whole K of activations from L2 (twice the weight bytes at 8 tokens and 16 rows,
+where the served qkv split 4 reads half), and a ring stage carries ``K_WARPS`` activation steps.
+``ROW_WARPS`` puts warps along the rows too (the served forms' ``WARPS``): more rows a program,
+fewer activation bytes a weight byte, fewer programs.
 
 This times, same run, each from HBM (``ops._time_us``), each checked against the reference
 first, the weight in ``ring_layout`` as a Hopper seat serves it: Llama-3-8B's qkv, o, gate_up
@@ -54,47 +56,55 @@ SHAPES = {
 TOKENS = (8, 16)
 K_WARPS = (2, 4, 8)
 ROW_TILES = (1, 2)
+ROW_WARPS = (1, 2)
 STAGES = (2, 3, 4)
 
 
 @gluon.constexpr_function
-def acts3_layout(block_m, k_warps):
+def acts3_layout(block_m, k_warps, row_warps):
     """The activation steps of a ring stage ``[K_WARPS, 4 BLOCK_M, 8V]`` as the warps read them:
-    ``activations_layout`` with warp ``w`` on chunk ``w``'s step."""
+    ``activations_layout`` with warp ``w`` on chunk ``w // ROW_WARPS``'s step."""
     run = 8 * ring.WORDS_PER_THREAD
     reg = [[0, 0, 1 << i] for i in range(run.bit_length() - 1)]
     reg += [[0, 32 << i, 0] for i in range((block_m // 8).bit_length() - 1)]
     lanes = [[0, 1, 0], [0, 2, 0], [0, 4, 0], [0, 8, 0], [0, 16, 0]]
-    warps = [[1 << i, 0, 0] for i in range(k_warps.bit_length() - 1)]
+    warps = [[0, 0, 0]] * (row_warps.bit_length() - 1) + [[1 << i, 0, 0] for i in range(k_warps.bit_length() - 1)]
     return gl.DistributedLinearLayout(reg, lanes, warps, [], [k_warps, 4 * block_m, run])
 
 
 @gluon.jit
-def _ring_rows(j, pid_n, N, stride, chunk, ROW_TILES: gl.constexpr, K_WARPS: gl.constexpr):
-    """Where ring row ``j`` starts: ``words_layout(ROW_TILES, K_WARPS)`` puts row ``r + 16 w + 16
-    K_WARPS t`` on warp ``w``, so it is row ``16 t + r`` of the program's, chunk ``w``."""
+def _ring_rows(
+    j, pid_n, N, stride, chunk, ROW_TILES: gl.constexpr, K_WARPS: gl.constexpr, ROW_WARPS: gl.constexpr
+):  # fmt: skip
+    """Where ring row ``j`` starts: ``words_layout(ROW_TILES, K_WARPS x ROW_WARPS)`` puts row
+    ``r + 16 w + 16 K_WARPS ROW_WARPS t`` on warp ``w``, which takes chunk ``w // ROW_WARPS`` of
+    rows ``16 (w % ROW_WARPS) + 16 ROW_WARPS t + r`` of the program's (the batched MMA's rows)."""
     r = j % 16
-    w = (j // 16) % K_WARPS
-    t = j // (16 * K_WARPS)
-    rows = gl.minimum(pid_n * (16 * ROW_TILES) + 16 * t + r, N - 1)
-    return rows.to(gl.int64) * stride + w * chunk
+    w = (j // 16) % (K_WARPS * ROW_WARPS)
+    t = j // (16 * K_WARPS * ROW_WARPS)
+    row = 16 * (w % ROW_WARPS) + 16 * ROW_WARPS * t + r
+    rows = gl.minimum(pid_n * (16 * ROW_TILES * ROW_WARPS) + row, N - 1)
+    return rows.to(gl.int64) * stride + (w // ROW_WARPS) * chunk
 
 
 @gluon.jit
 def nvfp4_linear_k_warps_kernel(
     x_ptr, words_ptr, scales_ptr, global_scale_ptr, out_ptr, M, N, K, stride_xm, stride_om, stride_wn, stride_sn,
     chunk_words, chunk_scales,
-    BLOCK_M: gl.constexpr, ROW_TILES: gl.constexpr, K_WARPS: gl.constexpr, STAGES: gl.constexpr,
-    LAYOUT: gl.constexpr,
+    BLOCK_M: gl.constexpr, ROW_TILES: gl.constexpr, K_WARPS: gl.constexpr, ROW_WARPS: gl.constexpr,
+    STAGES: gl.constexpr, LAYOUT: gl.constexpr,
 ):  # fmt: skip
-    ROWS: gl.constexpr = 16 * ROW_TILES
+    WARPS: gl.constexpr = K_WARPS * ROW_WARPS
+    ROWS: gl.constexpr = 16 * ROW_TILES * ROW_WARPS
     RING_ROWS: gl.constexpr = ROWS * K_WARPS
     MMA_M: gl.constexpr = ring.mma_tokens(BLOCK_M)
-    WORDS: gl.constexpr = ring.words_layout(ROW_TILES, K_WARPS)
+    WORDS: gl.constexpr = ring.words_layout(ROW_TILES, WARPS)
     SCALES: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, WORDS))
-    WORDS_COPY: gl.constexpr = ring.words_copy_layout(K_WARPS)
-    ACTS_COPY: gl.constexpr = ring.acts_copy_layout(K_WARPS)
-    ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[K_WARPS, 1, 1], instr_shape=[1, 16, 8])
+    WORDS_COPY: gl.constexpr = ring.words_copy_layout(WARPS)
+    ACTS_COPY: gl.constexpr = ring.acts_copy_layout(WARPS)
+    ACC: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[2, 0], warps_per_cta=[K_WARPS, ROW_WARPS, 1], instr_shape=[1, 16, 8]
+    )
     A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
     B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=ACC, k_width=2)
     PLAIN: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
@@ -105,11 +115,11 @@ def nvfp4_linear_k_warps_kernel(
 
     wr = gl.arange(0, RING_ROWS, layout=gl.SliceLayout(1, WORDS_COPY))
     wc = gl.arange(0, 4 * V, layout=gl.SliceLayout(0, WORDS_COPY))
-    word_off = gl.expand_dims(_ring_rows(wr, pid_n, N, stride_wn, chunk_words, ROW_TILES, K_WARPS), 1)
+    word_off = gl.expand_dims(_ring_rows(wr, pid_n, N, stride_wn, chunk_words, ROW_TILES, K_WARPS, ROW_WARPS), 1)
     word_off = word_off + gl.expand_dims(wc, 0)
     sr = gl.arange(0, RING_ROWS, layout=gl.SliceLayout(1, SCALES))
     st = gl.arange(0, 4, layout=gl.SliceLayout(0, SCALES))
-    scale_off = gl.expand_dims(_ring_rows(sr, pid_n, N, stride_sn, chunk_scales, ROW_TILES, K_WARPS), 1)
+    scale_off = gl.expand_dims(_ring_rows(sr, pid_n, N, stride_sn, chunk_scales, ROW_TILES, K_WARPS, ROW_WARPS), 1)
     scale_off = scale_off + gl.expand_dims(st, 0)
 
     # activation ring row i: quarter i % 4 of token (i // 4) % BLOCK_M, chunk i // (4 BLOCK_M)
@@ -140,11 +150,11 @@ def nvfp4_linear_k_warps_kernel(
         )  # fmt: skip
         slot = i % STAGES
         words = words_ring.index(slot).reshape([RING_ROWS, 4, V // 2, 2]).load(WORDS)
-        a = ring._weights_fragment(words, scales_ring.index(slot).load(SCALES), K_WARPS, LAYOUT)
-        a = gl.reshape(a, (ROW_TILES, K_WARPS, 16, _BLOCK_K))
-        a = gl.reshape(gl.permute(a, (1, 0, 2, 3)), (K_WARPS, ROWS, _BLOCK_K))
+        a = ring._weights_fragment(words, scales_ring.index(slot).load(SCALES), WARPS, LAYOUT)
+        a = gl.reshape(a, (ROW_TILES, K_WARPS, ROW_WARPS, 16, _BLOCK_K))  # ring row: (t, chunk, row warp, r)
+        a = gl.reshape(gl.permute(a, (1, 0, 2, 3, 4)), (K_WARPS, ROWS, _BLOCK_K))
         a = gl.convert_layout(a, A_OP, assert_trivial=True)
-        x = x_ring.index(slot).reshape([K_WARPS, 4 * BLOCK_M, 8 * V]).load(acts3_layout(BLOCK_M, K_WARPS))
+        x = x_ring.index(slot).reshape([K_WARPS, 4 * BLOCK_M, 8 * V]).load(acts3_layout(BLOCK_M, K_WARPS, ROW_WARPS))
         if LAYOUT == 1:
             x = gl.permute(gl.reshape(x, (K_WARPS, MMA_M, 4, V, 2, 2, 2)), (0, 3, 4, 5, 2, 6, 1))
         else:
@@ -164,7 +174,7 @@ def nvfp4_linear_k_warps_kernel(
 
 def ring_bytes(config: dict) -> int:
     """Shared memory of a K-warps ring: ``K_WARPS`` chunks of the rows' step and of the tokens'."""
-    rows = 16 * config["ROW_TILES"] * config["K_WARPS"]
+    rows = 16 * config["ROW_TILES"] * config["ROW_WARPS"] * config["K_WARPS"]
     acts = config["K_WARPS"] * config["BLOCK_M"] * BLOCK_K * 2
     return config["STAGES"] * (rows * (4 * V * 4 + 16) + acts)
 
@@ -175,11 +185,13 @@ def configs(m: int, n: int, k: int) -> list[dict]:
     block_m = 8 if m <= 8 else 16
     out = []
     for k_warps in K_WARPS:
-        for tiles in ROW_TILES:
-            for stages in STAGES:
-                c = {"BLOCK_M": block_m, "ROW_TILES": tiles, "K_WARPS": k_warps, "STAGES": stages}
-                if k % (k_warps * BLOCK_K) == 0 and ring_bytes(c) <= ring.RING_BYTES:
-                    out.append(c)
+        for row_warps in ROW_WARPS:
+            for tiles in ROW_TILES:
+                for stages in STAGES:
+                    c = {"BLOCK_M": block_m, "ROW_TILES": tiles, "K_WARPS": k_warps, "ROW_WARPS": row_warps}
+                    c["STAGES"] = stages
+                    if k_warps * row_warps <= 8 and k % (k_warps * BLOCK_K) == 0 and ring_bytes(c) <= ring.RING_BYTES:
+                        out.append(c)
     return out
 
 
@@ -188,11 +200,11 @@ def launch(x, packed, scales, global_scale, out, config: dict, layout: int) -> t
     m, k = x.shape
     n = packed.shape[0]
     chunk_words = k // 8 // config["K_WARPS"]
-    grid = (cdiv(n, 16 * config["ROW_TILES"]), cdiv(m, config["BLOCK_M"]))
+    grid = (cdiv(n, 16 * config["ROW_TILES"] * config["ROW_WARPS"]), cdiv(m, config["BLOCK_M"]))
     nvfp4_linear_k_warps_kernel[grid](
         x, packed.view(torch.int32), scales.view(torch.uint8).view(torch.int32), global_scale, out, m, n, k,
         x.stride(0), out.stride(0), packed.stride(0) // 4, scales.stride(0) // 4, chunk_words, chunk_words // 8,
-        LAYOUT=layout, num_warps=config["K_WARPS"], **config,
+        LAYOUT=layout, num_warps=config["K_WARPS"] * config["ROW_WARPS"], **config,
     )  # fmt: skip
     return out
 
@@ -206,7 +218,7 @@ SIGNATURE = {
     **{name: "i32" for name in ("M", "N", "K", "stride_xm", "stride_om", "stride_wn", "stride_sn")},
     "chunk_words": "i32",
     "chunk_scales": "i32",
-    **{name: "constexpr" for name in ("BLOCK_M", "ROW_TILES", "K_WARPS", "STAGES", "LAYOUT")},
+    **{name: "constexpr" for name in ("BLOCK_M", "ROW_TILES", "K_WARPS", "ROW_WARPS", "STAGES", "LAYOUT")},
 }
 
 
@@ -225,7 +237,9 @@ def compile_for(config: dict, layout: int, arch: int = 90):
     src = GluonASTSource(
         fn=nvfp4_linear_k_warps_kernel, signature=SIGNATURE, constexprs=config | {"LAYOUT": layout}, attrs=aligned
     )
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": config["K_WARPS"]})
+    return triton.compile(
+        src, target=GPUTarget("cuda", arch, 32), options={"num_warps": config["K_WARPS"] * config["ROW_WARPS"]}
+    )
 
 
 def served_choices(m: int, n: int, k: int) -> dict[str, dict]:

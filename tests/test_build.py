@@ -192,7 +192,8 @@ print("assembled", len(chosen))
 
 def test_the_k_warps_probe_builds_for_sm_90_with_its_warps_along_k_and_only_its_ring_in_shared_memory():
     """``bench/probe_k_warps.py``'s kernel, built with the H200's Triton for sm_90 at 8 and 16
-    tokens with 2, 4 and 8 warps, one and two row tiles, both weight layouts: each warp's step is
+    tokens with 2, 4 and 8 warps along K (4 of them beside 2 along the rows), one and two row
+    tiles, both weight layouts: each warp's step is
     its own MMAs (16 a row tile and 8 tokens: the batched ``mma.sync`` puts a warp on its chunk of
     K, not on every warp's), the copies are 16-byte ``cp.async``, and the shared memory is the
     ring exactly (``ring_bytes``): the warps' sum at the end reuses it."""
@@ -200,7 +201,11 @@ def test_the_k_warps_probe_builds_for_sm_90_with_its_warps_along_k_and_only_its_
 from flashrt.bench import probe_k_warps as p
 built = 0
 for i, (m, k_warps) in enumerate((m, kw) for m in (8, 16) for kw in p.K_WARPS):
-    config = next(c for c in p.configs(m, 4096, 14336) if c["K_WARPS"] == k_warps and c["ROW_TILES"] == 1 + i % 2)
+    row_warps = 2 if k_warps == 4 else 1
+    config = next(
+        c for c in p.configs(m, 4096, 14336)
+        if (c["K_WARPS"], c["ROW_WARPS"], c["ROW_TILES"]) == (k_warps, row_warps, 1 + i % 2)
+    )
     kernel = p.compile_for(config, layout=i % 2)
     ptx = kernel.asm["ptx"]
     assert ptx.count("mma.sync") == 16 * config["ROW_TILES"] * config["BLOCK_M"] // 8, (config, ptx.count("mma.sync"))
