@@ -2,13 +2,13 @@
 
 Triton compiles to a cubin for a GPU it does not have (``GPUTarget``), with the ptxas it ships,
 so a machine without a GPU proves that nothing offered on sm_90, sm_100, sm_110 or sm_120 fails
-to build. ``builds()`` enumerates (kernel, signature, constexprs). All of them, 1836 a target
-and 2062 for sm_90 (``Build.targets``: the ``wgmma`` forms are sm_90's; the ring forms and the
+to build. ``builds()`` enumerates (kernel, signature, constexprs). All of them, 1948 a target
+and 2174 for sm_90 (``Build.targets``: the ``wgmma`` forms are sm_90's; the ring forms and the
 dequant each twice, for the checkpoint's layout and ``ring_layout``'s, the ring forms' split
 launches twice more, summed by a reduce or folded, and the decode ring form and the ring
 expert downs with PDL and without), take hours of one CPU core for the four targets (at c866faf
 341 took 34 minutes; at 6b01d1d, on sm_100, the 64 builds of ``linear_mma`` were 266 s of 592);
-CI builds ``pairwise(builds())`` instead, 182 a target and 207 for sm_90 (a warp-specialized
+CI builds ``pairwise(builds())`` instead, 195 a target and 220 for sm_90 (a warp-specialized
 kernel's register cap is one of the settings covered).
 """
 
@@ -23,6 +23,7 @@ from flashrt.kernels import (
     linear_dequant,
     linear_gemv,
     linear_gemv_gluon,
+    linear_k_warps_gluon,
     linear_mma,
     linear_mma_gluon,
     linear_mma_ws_gluon,
@@ -100,6 +101,7 @@ _RING_SIG = {
     **{k: v for k, v in _GEMV_GLUON_SIG.items() if not k.endswith("_ptr")},
 }
 _MMA_GLUON_SIG = {**_RING_SIG, "chunk_words": "i32", "chunk_scales": "i32"}
+_K_WARPS_SIG = {**_GEMV_GLUON_SIG, "chunk_words": "i32", "chunk_scales": "i32"}
 _W4A4_SIG = {
     "xq_ptr": "*u8",
     "xs_ptr": "*u8",
@@ -451,6 +453,15 @@ def builds() -> Iterator[Build]:
                 sig, consts = _split_build(_MMA_GLUON_SIG, consts, cfg.get("SPLIT_K", 1))
                 fn = linear_mma_gluon.nvfp4_linear_mma_gluon_kernel
                 yield from unique(Build("linear_mma_gluon", fn, sig, consts, cfg["WARPS"], 1))
+        for cfg, layout, pdl in product(
+            linear_k_warps_gluon.configs(m, 4096, 4096), linear_k_warps_gluon.LAYOUTS, (False, True)
+        ):
+            consts = {"HAS_BIAS": False, "LAYOUT": layout, "PDL": pdl} | cfg
+            fn = linear_k_warps_gluon.nvfp4_linear_k_warps_gluon_kernel
+            warps = cfg["K_WARPS"] * cfg["ROW_WARPS"]
+            yield from unique(
+                Build("linear_k_warps_gluon", fn, _with_constexprs(_K_WARPS_SIG, consts), consts, warps, 1)
+            )
         for cfg, layout in product(linear_wgmma_gluon.configs(m, 4096, 4096), linear_wgmma_gluon.LAYOUTS):
             for fold in _folds(cfg):
                 sig, consts = _split_build(

@@ -8,7 +8,7 @@ test session runs the kernels under the interpreter, which does not compile.
 
 The builds are the suite's largest CPU job. All 341 configurations for each of four targets
 were 34 minutes of one core (c866faf): in the foreground they made CI take 37 minutes, in the
-background 31 (the limit is 30; then 299 and 33 minutes). The covering is 182 a target (207 for
+background 31 (the limit is 30; then 299 and 33 minutes). The covering is 195 a target (220 for
 sm_90, with the ``wgmma`` forms), the benchmark's decode attention and merge (6) among them.
 Much of the rest of the suite waits rather than computes (vLLM engines starting, servers
 answering), so ``conftest.py`` starts the builds at collection
@@ -57,13 +57,16 @@ def test_gluon_gemvs_keep_every_operand_in_registers_and_the_mma_form_streams_th
     the only shared memory allowed is the one cross-warp sum at the end when warps split K. The
     tensor-core forms: exactly their rings (``ring_bytes``); the ``mma.sync`` one filled by
     16-byte ``cp.async`` copies for the weight words and activations and read back with 16-byte
-    shared loads, the ``wgmma`` one (sm_90 only) multiplying from it; no other global load but
+    shared loads, the ``wgmma`` one (sm_90 only) multiplying from it, the K-warps one a warp's
+    own MMAs (16 a step and 8 tokens: each warp on its chunk of K) and its warps' sum in the
+    ring's shared memory; no other global load but
     the global scale's, and, in a folded split, the partials' through L2 after an ``acq_rel``
     arrival."""
     code = """
 import re
-from flashrt.kernels import build, linear_mma_gluon, linear_wgmma_gluon
-names = {"linear_gemv_gluon", "linear_mma_gluon", "linear_wgmma_gluon", "moe_gate_up_gemv", "moe_down_gemv"}
+from flashrt.kernels import build, linear_k_warps_gluon, linear_mma_gluon, linear_wgmma_gluon
+names = {"linear_gemv_gluon", "linear_mma_gluon", "linear_k_warps_gluon", "linear_wgmma_gluon", "moe_gate_up_gemv",
+         "moe_down_gemv"}
 
 
 def other_loads(ptx, c):  # global loads besides the ring's copies and a folded split's partials
@@ -83,6 +86,12 @@ for b in kernels:
             assert b.targets == (90,) and shared == linear_wgmma_gluon.ring_bytes(c), (c, shared)
             ptx = compiled.asm["ptx"]
             assert "wgmma.mma_async" in ptx and "mma.sync" not in ptx and other_loads(ptx, c) <= 1, c
+            continue
+        if b.name == "linear_k_warps_gluon":  # its ring; each warp's MMAs its own chunk's, the warps' sum in the ring
+            assert shared == linear_k_warps_gluon.ring_bytes(c), (arch, c, shared)
+            ptx = compiled.asm["ptx"]
+            assert ptx.count("mma.sync") == 16 * c["BLOCK_M"] // 8 and other_loads(ptx, c) <= 1, (arch, c)
+            assert "cp.async.cg.shared.global" in ptx and "ld.shared.v4" in ptx, (arch, c)
             continue
         if b.name == "linear_mma_gluon":
             assert shared == linear_mma_gluon.ring_bytes(c), (arch, c, shared)
@@ -188,33 +197,6 @@ for b in chosen:
 print("assembled", len(chosen))
 """
     assert "assembled 2" in _run_with("h200", code)
-
-
-def test_the_k_warps_probe_builds_for_sm_90_with_its_warps_along_k_and_only_its_ring_in_shared_memory():
-    """``bench/probe_k_warps.py``'s kernel, built with the H200's Triton for sm_90 at 8 and 16
-    tokens with 2, 4 and 8 warps along K (4 of them beside 2 along the rows), one and two row
-    tiles, both weight layouts: each warp's step is
-    its own MMAs (16 a row tile and 8 tokens: the batched ``mma.sync`` puts a warp on its chunk of
-    K, not on every warp's), the copies are 16-byte ``cp.async``, and the shared memory is the
-    ring exactly (``ring_bytes``): the warps' sum at the end reuses it."""
-    code = """
-from flashrt.bench import probe_k_warps as p
-built = 0
-for i, (m, k_warps) in enumerate((m, kw) for m in (8, 16) for kw in p.K_WARPS):
-    row_warps = 2 if k_warps == 4 else 1
-    config = next(
-        c for c in p.configs(m, 4096, 14336)
-        if (c["K_WARPS"], c["ROW_WARPS"], c["ROW_TILES"]) == (k_warps, row_warps, 1 + i % 2)
-    )
-    kernel = p.compile_for(config, layout=i % 2)
-    ptx = kernel.asm["ptx"]
-    assert ptx.count("mma.sync") == 16 * config["ROW_TILES"] * config["BLOCK_M"] // 8, (config, ptx.count("mma.sync"))
-    assert "cp.async.cg.shared.global" in ptx and kernel.asm["cubin"], config
-    assert kernel.metadata.shared == p.ring_bytes(config), (config, kernel.metadata.shared)
-    built += 1
-print("built", built)
-"""
-    assert "built 6" in _run_with("h200", code)
 
 
 def test_the_served_one_token_ring_step_issues_what_the_benchmarks_say():

@@ -15,6 +15,7 @@ from flashrt.kernels import (
     linear_dequant,
     linear_gemv,
     linear_gemv_gluon,
+    linear_k_warps_gluon,
     linear_mma,
     linear_mma_gluon,
     linear_mma_ws_gluon,
@@ -167,7 +168,7 @@ def test_activation_quantizer_matches_reference_row_by_row(shape, device):
 
 # Each form is tested on the token counts it is offered for (the GEMVs: up to 4 tokens); the
 # Gluon GEMV needs a compiled GPU (no interpreter), CI checks its decoder in plain torch below.
-GLUON_FORMS = {"gemv_gluon": linear_gemv_gluon, "mma_gluon": linear_mma_gluon}
+GLUON_FORMS = {"gemv_gluon": linear_gemv_gluon, "mma_gluon": linear_mma_gluon, "k_warps_gluon": linear_k_warps_gluon}
 if ON_GPU and linear_wgmma_gluon.qualifies(torch.cuda.get_device_capability()):
     GLUON_FORMS["wgmma_gluon"] = linear_wgmma_gluon
     GLUON_FORMS["wgmma_ws_gluon"] = linear_wgmma_ws_gluon
@@ -177,6 +178,7 @@ LINEAR_TOKENS = {
     "gemv_gluon": (1, 3),
     "mma": (1, 3, 7, 16, 33),
     "mma_gluon": (1, 3, 7, 16, 33),
+    "k_warps_gluon": (5, 8, 16),
     "wgmma_gluon": (33, 64, 130),
     "wgmma_ws_gluon": (130, 300),
     "dequant": (64, 100),
@@ -186,11 +188,16 @@ LINEAR_CONFIGS = {
     "gemv_gluon": {"ROWS": 4, "GROUPS": 2, "WARPS_N": 2, "WARPS_K": 2},
     "mma": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4, "num_stages": 2},
     "mma_gluon": {"BLOCK_M": 16, "ROW_TILES": 2, "WARPS": 4, "STAGES": 3},
+    "k_warps_gluon": {"BLOCK_M": 16, "K_WARPS": 2, "ROW_WARPS": 2, "STAGES": 3},
     "wgmma_gluon": {"BLOCK_M": 64, "ROW_TILES": 1, "WARPS": 4, "STAGES": 2, "ASYNC_MMA": 1},
     "wgmma_ws_gluon": {"BLOCK_M": 128, "WARPS": 4, "STAGES": 4},
     "dequant": {"BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4},
 }
-LINEAR_CASES = [(form, m, k) for form in LINEAR_FORMS for m in LINEAR_TOKENS[form] for k in (768, 2048, 4096)]
+# The K-warps form splits K in whole ring steps a warp: 768 (3 steps) is not offered to it.
+LINEAR_KS = {"k_warps_gluon": (2048, 4096)}
+LINEAR_CASES = [
+    (form, m, k) for form in LINEAR_FORMS for m in LINEAR_TOKENS[form] for k in LINEAR_KS.get(form, (768, 2048, 4096))
+]
 
 
 @pytest.mark.parametrize(("form", "m", "k"), LINEAR_CASES)
@@ -452,6 +459,40 @@ def test_mma_gluon_chunks_sum_every_chunk_of_every_row_once(m, k, chunks, block_
         ref = ops.linear_reference(x, q, b)
         assert not out.isnan().any()
         assert (out.double() - ref.double()).norm() / ref.double().norm() < 1e-2
+
+
+@pytest.mark.skipif(not ON_GPU, reason="Gluon has no interpreter: CI builds it and checks its PTX")
+@pytest.mark.parametrize(("m", "k"), [(5, 14336), (8, 2048), (13, 4096), (16, 14336)])
+def test_k_warps_gluon_sums_every_warp_s_chunk_of_every_row_once(m, k, device):
+    """Every config the K-warps form offers, with and without bias, in both weight layouts: each
+    warp's chunk of K against its chunk of the activations, summed across the warps once. 14336
+    in 8 chunks is 7 steps a warp (fewer than a 4-stage ring primes ahead: 3 of 7); 2048 in 8 is
+    one; N = 1000 leaves the last program's rows past the end; 5 and 13 tokens leave columns empty."""
+    n = 1000
+    q = nvfp4.quantize(torch.randn(n, k, dtype=torch.bfloat16, device=device))
+    ring = q.in_layout(ring_layout.RING)
+    x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
+    bias = torch.randn(n, dtype=torch.bfloat16, device=device)
+    configs = linear_k_warps_gluon.configs(m, n, k)
+    assert {c["K_WARPS"] for c in configs} == set(linear_k_warps_gluon.K_WARPS)
+    for config, b, w in product(configs, (None, bias), (q, ring)):
+        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
+        linear_k_warps_gluon.launch(x, w.packed, w.scales, w.global_scale, b, out, config | {"LAYOUT": w.layout}, False)
+        ref = ops.linear_reference(x, q, b)
+        assert not out.isnan().any(), config
+        assert (out.double() - ref.double()).norm() / ref.double().norm() < 1e-2, config
+
+
+def test_k_warps_gluon_refuses_k_that_its_warps_cannot_split_in_whole_steps():
+    """K = 768 is 3 ring steps: two warps cannot take whole steps each. The launch says so by
+    name before anything runs, and ``configs`` offers nothing there."""
+    q = nvfp4.quantize(torch.randn(64, 768, dtype=torch.bfloat16))
+    x = torch.randn(8, 768, dtype=torch.bfloat16)
+    out = torch.empty(8, 64, dtype=torch.bfloat16)
+    config = {"BLOCK_M": 8, "K_WARPS": 2, "ROW_WARPS": 1, "STAGES": 2}
+    with pytest.raises(ValueError, match=r"K=768 with K_WARPS=2: each warp's chunk of K must be whole 256-wide steps"):
+        linear_k_warps_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, config, False)
+    assert linear_k_warps_gluon.configs(8, 64, 768) == []
 
 
 @pytest.mark.skipif(
@@ -1350,12 +1391,14 @@ def test_a_weight_in_the_ring_layout_computes_what_the_checkpoints_does():
 
 def test_only_forms_that_read_the_ring_layout_are_offered_for_it(monkeypatch):
     """A weight in ``ring_layout`` is timed and served only by the forms that read it (the ring
-    forms, the ``wgmma`` forms, the dequant), at every row count; on the checkpoint's every form as before."""
+    forms, K-warps among them, the ``wgmma`` forms, the dequant), at every row count; on the
+    checkpoint's every form as before."""
     monkeypatch.setattr("flashrt.kernels.decode.interpreted", lambda: False)
     for m in (1, 8, 64, 128, 256, 2048):
         ring = {c.form for c in ops.linear_candidates(m, 4096, 4096, (9, 0), ring_layout.RING)}
         checkpoint = {c.form for c in ops.linear_candidates(m, 4096, 4096, (9, 0))}
-        assert ring and ring <= {"mma_gluon", "wgmma_gluon", "wgmma_ws_gluon", "dequant"}, (m, ring)
+        assert ring and ring <= {"mma_gluon", "k_warps_gluon", "wgmma_gluon", "wgmma_ws_gluon", "dequant"}, (m, ring)
+        assert ("k_warps_gluon" in ring) == (m == 8), (m, ring)
         assert ring < checkpoint or m > 128, (m, ring, checkpoint)
     for t in (1, 8, 16):
         ring = ops.moe_candidates(t, 768, 2048, (9, 0), ring_layout.RING)
