@@ -5,12 +5,13 @@ reduce launches are where the one-token forms' efficiency goes) against the conf
 committed tuning table serves (``served_choices``; the split ones with their reduce launch in
 the time), same run, each from HBM (``ops._time_us``), each checked against the reference
 first, the weight in ``ring_layout`` as a Hopper seat serves it: Llama-3-8B's qkv, o, gate_up
-and down at 8 and 16 tokens, every K-warps config offered there.
+and down at 8 and 16 tokens (or the token counts given after the path), every K-warps config
+offered there; under 5 tokens, where the chunked ring forms are served, its 8-token tile.
 
 At 98c9f4f (``h100-probe-k-warps-98c9f4f.json``) the probe had its own copy of the kernel,
 which also took two row tiles a warp: within 1% of the best everywhere, so the form offers one.
 
-``python3 bench/probe_k_warps.py OUT.json`` with flashrt importable (``bench/gpu_run.sh OUTDIR
+``python3 bench/probe_k_warps.py OUT.json [TOKENS ...]`` with flashrt importable (``bench/gpu_run.sh OUTDIR
 probe probe_k_warps``); the JSON is rewritten after each shape.
 """
 
@@ -47,7 +48,13 @@ def served_choices(m: int, n: int, k: int) -> dict[str, dict]:
     return out
 
 
-def main(path: str) -> None:
+def probed_configs(m: int, n: int, k: int) -> list[dict]:
+    """The form's configs at ``m`` tokens; under ``MIN_TOKENS``, where it is not offered, its
+    8-token tile (the tokens past ``m`` masked): whether it should be."""
+    return linear_k_warps_gluon.configs(max(m, linear_k_warps_gluon.MIN_TOKENS), n, k)
+
+
+def main(path: str, tokens: tuple[int, ...] = TOKENS) -> None:
     from flashrt.bench.kernels import provenance
     from flashrt.bench.probe_ring_depth import fastest, name, timed
     from flashrt.bench.timing import copy_bandwidth_tbps
@@ -59,7 +66,7 @@ def main(path: str) -> None:
     for shape, (n, k) in SHAPES.items():
         w = ops.for_serving(nvfp4.quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16)))
         layout = w.layout
-        for m in TOKENS:
+        for m in tokens:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
             ref = ops.linear_reference(x, w)
@@ -74,7 +81,7 @@ def main(path: str) -> None:
                 arm.setdefault("cards", []).append(card)
             ours = {
                 name(c): timed(functools.partial(run, linear_k_warps_gluon, c), out, ref) | {"config": c}
-                for c in linear_k_warps_gluon.configs(m, n, k)
+                for c in probed_configs(m, n, k)
             }
             row = {"shape": shape, "N": n, "K": k, "M": m, "layout": layout, "served": served, "k_warps": ours}
             for label, results in (("served", served), ("k_warps", ours)):
@@ -92,4 +99,4 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], tuple(int(t) for t in sys.argv[2:]) or TOKENS)
