@@ -59,9 +59,8 @@ def test_gluon_gemvs_keep_every_operand_in_registers_and_the_mma_form_streams_th
     16-byte ``cp.async`` copies for the weight words and activations and read back with 16-byte
     shared loads, the ``wgmma`` one (sm_90 only) multiplying from it, the K-warps one a warp's
     own MMAs (16 a step and 8 tokens: each warp on its chunk of K) and its warps' sum in the
-    ring's shared memory; no other global load but
-    the global scale's, and, in a folded split, the partials' through L2 after an ``acq_rel``
-    arrival."""
+    ring's shared memory; no other global load but the global scale's, and, in a folded split,
+    the partials' through L2 after an ``acq_rel`` arrival."""
     code = """
 import re
 from flashrt.kernels import build, linear_k_warps_gluon, linear_mma_gluon, linear_wgmma_gluon
