@@ -152,12 +152,9 @@ def nvfp4_linear_k_warps_gluon_kernel(
         gdc_launch_dependents()
 
     total = gl.sum(acc, axis=0)  # [ROWS, MMA_M]: across the warps, through shared memory
-    OUT: gl.constexpr = total.type.layout
-    offs_n = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, OUT))
-    column = gl.arange(0, MMA_M, layout=gl.SliceLayout(0, OUT))
-    offs_m = pid_m * BLOCK_M + column
-    mask = gl.expand_dims(offs_n < N, 1) & gl.expand_dims((offs_m < M) & (column < BLOCK_M), 0)
-    ring._store_tile(total, offs_n, offs_m, mask, out_ptr, bias_ptr, global_scale_ptr, 0, M, N, stride_om, HAS_BIAS, 1)
+    ring._store_product(
+        total, pid_n, pid_m, 0, out_ptr, bias_ptr, global_scale_ptr, M, N, stride_om, HAS_BIAS, BLOCK_M, 1, 1, WARPS
+    )
 
 
 def ring_bytes(config: dict) -> int:
@@ -199,15 +196,12 @@ def launch(
 ) -> torch.Tensor:
     """``out = x @ W^T`` (+ bias), one launch; ``use_prmt`` is unused. bf16 activations, K in
     whole ring steps a chunk. Launched with PDL as the ring form is (``linear_mma_gluon.PDL_LAUNCH``)."""
-    ring.require_bf16("x", x)
+    ring.check_ring_operands(x, packed, scales)
     m, k = x.shape
     n = packed.shape[0]
     k_warps = config["K_WARPS"]
     if k % (k_warps * BLOCK_K):
         raise ValueError(f"K={k} with K_WARPS={k_warps}: each warp's chunk of K must be whole {BLOCK_K}-wide steps")
-    for name, t in (("packed", packed), ("scales", scales)):
-        if not ring._copyable(t):
-            raise ValueError(f"{name} must start on 16 bytes with rows of whole 16-byte chunks for cp.async")
     x = ring.aligned_activations(x)
     chunk_words = k // 8 // k_warps
     pdl = launch_pdl(ring.PDL_LAUNCH)

@@ -785,6 +785,15 @@ def require_bf16(name: str, t: torch.Tensor) -> None:
         raise ValueError(f"{name} must be bfloat16 for the bf16 tensor-core form, got {t.dtype}")
 
 
+def check_ring_operands(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> None:
+    """A ``ValueError`` naming the operand a ``cp.async`` ring form cannot take: activations
+    not bf16 (``require_bf16``), weight bytes or scales not in whole aligned 16-byte chunks."""
+    require_bf16("x", x)
+    for name, t in (("packed", packed), ("scales", scales)):
+        if not _copyable(t):
+            raise ValueError(f"{name} must start on 16 bytes with rows of whole 16-byte chunks for cp.async")
+
+
 def launch_ring(
     kernel, activations, x, packed, scales, global_scale, bias, out, config: dict, pdl: bool = False, **extra
 ) -> torch.Tensor:
@@ -794,10 +803,7 @@ def launch_ring(
     kernel: ``FOLD_SPLITS``). bf16 activations only (``require_bf16``). ``pdl``: the kernel and
     its reduce launched with PDL, each to start while the kernel before it ends (the kernel's own
     ``PDL`` constexpr, in ``extra``, makes it wait before its first activation copy)."""
-    require_bf16("x", x)
-    for name, t in (("packed", packed), ("scales", scales)):
-        if not _copyable(t):
-            raise ValueError(f"{name} must start on 16 bytes with rows of whole 16-byte chunks for cp.async")
+    check_ring_operands(x, packed, scales)
     x = activations(x)
     m, k = x.shape
     n = packed.shape[0]
