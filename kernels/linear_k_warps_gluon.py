@@ -1,4 +1,4 @@
-"""Weight-only NVFP4 linear at 5-16 tokens: the ring form with K split across a program's warps (Gluon).
+"""Weight-only NVFP4 linear at 4-16 tokens: the ring form with K split across a program's warps (Gluon).
 
 At 8 tokens the tokens fill ``mma.sync``'s 8 columns, so the ring form (``linear_mma_gluon``)
 cannot cut rows in chunks as it does at 1-4 tokens, and Llama-3-8B's layers reach every SM only
@@ -20,11 +20,15 @@ H100, each from HBM, same run (``bench/probe_k_warps.py``,
 ``h100-probe-k-warps-98c9f4f.json``), best of this form against the config each card's tuning
 table serves: at 8 tokens Llama's qkv 8.08 against 10.13 us, o 6.83 against 8.41, gate_up 26.84
 against 30.02, down 15.06 against 16.81; at 16 tokens o 7.86 against 8.64, but qkv 10.72
-against 9.83, gate_up 29.89 against 27.11 and down 17.46 against 16.82. So it is offered from
-5 to 16 tokens and the adjudicator picks. End to end on the H100 it served every projection and
+against 9.83, gate_up 29.89 against 27.11 and down 17.46 against 16.82. So it is offered up to
+16 tokens and the adjudicator picks. End to end on the H100 it served every projection and
 the LM head of Llama-3-8B at batch 8: 2.37x bf16, 2.27x before it (4c57cb1 against d9dac6f,
 ``h100-e2e-llama-b8-4c57cb1.json``); the step gained 121 us where the standalone times promised
-275, since under PDL the splits' launches had overlapped their neighbours.
+275, since under PDL the splits' launches had overlapped their neighbours. Under 8 tokens its
+8-token tile runs with columns empty (H100, a9ec47d, ``h100-probe-k-warps-1-4-a9ec47d.json``):
+at 4 tokens it beat the chunked forms served there on qkv (8.19 against 8.84 us), o (7.03
+against 7.13) and down (15.53 against 16.08), not on gate_up (28.19 against 26.58); at one token
+it lost on all four by 6-16%. So it is offered from 4 tokens.
 
 The decode, the ring and its copies are the ring form's (``_prime``, ``_refill``,
 ``_weights_fragment``): a ring row is a row of a chunk, and the decoded fragment of every warp's
@@ -45,9 +49,10 @@ V = ring.V
 BLOCK_K = ring.BLOCK_K
 _BLOCK_K = gl.constexpr(BLOCK_K)
 LAYOUTS = ring.LAYOUTS
-# Tokens a launch must have for this form to be offered: at 1-4 the chunked ring forms fill the
-# MMA's empty columns with chunks instead (the fastest form there on the H200).
-MIN_TOKENS = 5
+# Tokens a launch must have for this form to be offered: at 1-3 the chunked ring forms fill the
+# MMA's empty columns with chunks instead (at one token 6-16% faster on the H100, a9ec47d); at 4
+# this form won three of Llama's four layers there.
+MIN_TOKENS = 4
 MAX_TOKENS = 16
 K_WARPS = (2, 4, 8)
 ROW_WARPS = (1, 2)

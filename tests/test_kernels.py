@@ -178,7 +178,7 @@ LINEAR_TOKENS = {
     "gemv_gluon": (1, 3),
     "mma": (1, 3, 7, 16, 33),
     "mma_gluon": (1, 3, 7, 16, 33),
-    "k_warps_gluon": (5, 8, 16),
+    "k_warps_gluon": (4, 5, 8, 16),
     "wgmma_gluon": (33, 64, 130),
     "wgmma_ws_gluon": (130, 300),
     "dequant": (64, 100),
@@ -462,12 +462,12 @@ def test_mma_gluon_chunks_sum_every_chunk_of_every_row_once(m, k, chunks, block_
 
 
 @pytest.mark.skipif(not ON_GPU, reason="Gluon has no interpreter: CI builds it and checks its PTX")
-@pytest.mark.parametrize(("m", "k"), [(5, 14336), (8, 2048), (13, 4096), (16, 14336)])
+@pytest.mark.parametrize(("m", "k"), [(4, 4096), (5, 14336), (8, 2048), (13, 4096), (16, 14336)])
 def test_k_warps_gluon_sums_every_warp_s_chunk_of_every_row_once(m, k, device):
     """Every config the K-warps form offers, with and without bias, in both weight layouts: each
     warp's chunk of K against its chunk of the activations, summed across the warps once. 14336
     in 8 chunks is 7 steps a warp (fewer than a 4-stage ring primes ahead: 3 of 7); 2048 in 8 is
-    one; N = 1000 leaves the last program's rows past the end; 5 and 13 tokens leave columns empty."""
+    one; N = 1000 leaves the last program's rows past the end; 4, 5 and 13 tokens leave columns empty."""
     n = 1000
     q = nvfp4.quantize(torch.randn(n, k, dtype=torch.bfloat16, device=device))
     ring = q.in_layout(ring_layout.RING)
@@ -1394,11 +1394,11 @@ def test_only_forms_that_read_the_ring_layout_are_offered_for_it(monkeypatch):
     forms, K-warps among them, the ``wgmma`` forms, the dequant), at every row count; on the
     checkpoint's every form as before."""
     monkeypatch.setattr("flashrt.kernels.decode.interpreted", lambda: False)
-    for m in (1, 8, 64, 128, 256, 2048):
+    for m in (1, 3, 4, 8, 16, 17, 64, 128, 256, 2048):
         ring = {c.form for c in ops.linear_candidates(m, 4096, 4096, (9, 0), ring_layout.RING)}
         checkpoint = {c.form for c in ops.linear_candidates(m, 4096, 4096, (9, 0))}
         assert ring and ring <= {"mma_gluon", "k_warps_gluon", "wgmma_gluon", "wgmma_ws_gluon", "dequant"}, (m, ring)
-        assert ("k_warps_gluon" in ring) == (m == 8), (m, ring)
+        assert ("k_warps_gluon" in ring) == (4 <= m <= 16), (m, ring)
         assert ring < checkpoint or m > 128, (m, ring, checkpoint)
     for t in (1, 8, 16):
         ring = ops.moe_candidates(t, 768, 2048, (9, 0), ring_layout.RING)
