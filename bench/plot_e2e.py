@@ -84,11 +84,15 @@ DEFAULT_RESULTS = [  # every arm with vLLM's merged projections, torch.compile's
 DEFAULT_PNG = Path(__file__).resolve().parents[1] / "docs" / "img" / "decode-speedup.png"
 DEFAULT_MERGED = merge.RESULTS / "h200-e2e.json"
 # The H100's runs, kept apart from the H200's (issue 7's targets are the H200's): sessions 57-59,
-# every H200 call answered by an H100. Llama's batch 1 at 2921505 and batch 8 at 4c57cb1 (the
-# K-warps form, session 62) come before d9dac6f's run, so those rows are the current code's.
+# every H200 call answered by an H100. Llama's batch 1 at 2921505, batch 8 at 4c57cb1 (the
+# K-warps form, session 62) and 16 at a9ec47d, and Qwen3-30B's 1, 4 and 8 at a9ec47d come before
+# the runs they replace, so those rows are the current code's.
 H100_RESULTS = [
     merge.RESULTS / "h100-e2e-llama-b1-2921505.json",
     merge.RESULTS / "h100-e2e-llama-b8-4c57cb1.json",
+    merge.RESULTS / "h100-e2e-llama-b16-a9ec47d.json",
+    merge.RESULTS / "h100-e2e-qwen3-30b-a3b-b1-4-a9ec47d.json",
+    merge.RESULTS / "h100-e2e-qwen3-30b-a3b-b8-a9ec47d.json",
     merge.RESULTS / "h100-e2e-llama-d9dac6f.json",
     merge.RESULTS / "h100-e2e-qwen3-30b-a3b-1901c0d.json",
     merge.RESULTS / "h100-e2e-llama-b32-ad5df1c.json",
