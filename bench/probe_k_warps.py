@@ -6,7 +6,9 @@ committed tuning table serves (``served_choices``; the split ones with their red
 the time), same run, each from HBM (``ops._time_us``), each checked against the reference
 first, the weight in ``ring_layout`` as a Hopper seat serves it: Llama-3-8B's qkv, o, gate_up
 and down at 8 and 16 tokens (or the token counts given after the path), every K-warps config
-offered there; under 5 tokens, where the chunked ring forms are served, its 8-token tile.
+offered there; under ``MIN_TOKENS``, where only the chunked ring forms are offered, its 8-token
+tile. At 1 and 4 tokens (``h100-probe-k-warps-1-4-a9ec47d.json``, ``MIN_TOKENS`` 5 then) the
+tile won at 4 on three of the four layers and lost at one on all four.
 
 At 98c9f4f (``h100-probe-k-warps-98c9f4f.json``) the probe had its own copy of the kernel,
 which also took two row tiles a warp: within 1% of the best everywhere, so the form offers one.
