@@ -88,6 +88,8 @@ DEFAULT_MERGED = merge.RESULTS / "h200-e2e.json"
 # K-warps form, session 62) and 16 at a9ec47d, and Qwen3-30B's 1, 4 and 8 at a9ec47d come before
 # the runs they replace, so those rows are the current code's.
 H100_RESULTS = [
+    merge.RESULTS / "h100-e2e-llama-b4-dcbcaf7.json",
+    merge.RESULTS / "h100-e2e-qwen3-30b-a3b-b4-dcbcaf7.json",
     merge.RESULTS / "h100-e2e-llama-b1-2921505.json",
     merge.RESULTS / "h100-e2e-llama-b8-4c57cb1.json",
     merge.RESULTS / "h100-e2e-llama-b16-a9ec47d.json",
