@@ -551,13 +551,12 @@ def builds() -> Iterator[Build]:
     for t in _TOKENS:
         ring = moe_ring_gluon.configs(t, 768, 2048) + moe_ring_gluon.configs(t, 48, 2048)  # walk, GEMV downs
         for cfg, layout in product(ring, moe_ring_gluon.LAYOUTS):
-            by_expert = bool(cfg.get("BY_EXPERT", 0))
-            block_m = moe_ring_gluon.GROUP_TILE if cfg["GROUPED"] or by_expert else 1
+            block_m = moe_ring_gluon.GROUP_TILE if cfg["GROUPED"] else 1
             ring_down = "DOWN_WARPS" in cfg
             if layout and not ring_down:
                 continue  # the GEMV down reads the checkpoint's layout
             consts = {"BLOCK_M": block_m, "E_POW2": 128, "WARPS": cfg["WARPS"], "STAGES": cfg["STAGES"]}
-            consts |= {"FOLD_DOWN": ring_down, "CHUNKS": cfg.get("CHUNKS", 1), "LAYOUT": layout, "BY_EXPERT": by_expert}
+            consts |= {"FOLD_DOWN": ring_down, "CHUNKS": cfg.get("CHUNKS", 1), "LAYOUT": layout}
             for pdl in (False, True) if ring_down else (False,):  # the gate_up lets a PDL ring down start
                 for waits in (False, True):  # launched with PDL itself (PDL_GATE_UP)
                     gate_up = consts | {"TRIGGER": pdl, "PDL": waits}

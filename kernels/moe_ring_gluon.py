@@ -121,27 +121,6 @@ def _tile_pairs(sorted_pairs_ptr, row_start, offs, valid_end):
     return gl.load(sorted_pairs_ptr + rows, mask=valid, other=0), valid
 
 
-# The pairs a ``BY_EXPERT`` program searches for its expert's: 8 tokens (the MMA's columns) of a
-# top-8 bank (the slot down's most).
-BY_EXPERT_PAIRS = 64
-_BY_EXPERT_PAIRS = gl.constexpr(BY_EXPERT_PAIRS)
-
-
-@gluon.jit
-def _expert_tokens(topk_ids_ptr, pair, pairs, TOP_K, WARPS: gl.constexpr):
-    """By expert (``BY_EXPERT``): pair ``pair``'s expert; whether ``pair`` is its first pair, the
-    one whose program reads the expert; which tokens route to it (bit t of ``routed``) and
-    through which of their slots (bits 3t to 3t + 2 of ``slots``). A token routes to an expert
-    at most once, so each sum below adds distinct bits."""
-    q = gl.arange(0, _BY_EXPERT_PAIRS, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
-    expert = gl.load(topk_ids_ptr + pair)
-    match = (gl.load(topk_ids_ptr + q, mask=q < pairs, other=-1) == expert).to(gl.int32)
-    first = gl.sum(match * (q < pair).to(gl.int32), axis=0) == 0
-    routed = gl.sum(match << (q // TOP_K), axis=0)
-    slots = gl.sum(match * ((q % TOP_K) << (3 * (q // TOP_K))), axis=0)
-    return expert.to(gl.int64), first, routed, slots
-
-
 @gluon.jit
 def moe_gate_up_ring_kernel(
     hidden_ptr,
@@ -176,13 +155,10 @@ def moe_gate_up_ring_kernel(
     LAYOUT: gl.constexpr,
     TRIGGER: gl.constexpr,
     PDL: gl.constexpr = False,
-    BY_EXPERT: gl.constexpr = False,
 ):
     """``h[pair, rows] = silu(gate_e @ x_t) * (up_e @ x_t)``, e and t the pair's expert and token;
     weight words and scale words (int32) by expert, row. ``BLOCK_M == 1``: one program a pair
-    (``topk_ids``). ``BY_EXPERT`` (``BLOCK_M`` tokens at most): one program a pair too, but only
-    an expert's first pair reads it, for every token routed to it, token t in MMA column t
-    (``_expert_tokens``); the others have no steps and store nothing. Else grouped: one program a ``BLOCK_M``-row tile of ``moe_fused.group_pairs``'
+    (``topk_ids``). Else grouped: one program a ``BLOCK_M``-row tile of ``moe_fused.group_pairs``'
     layout, the pairs of one expert, which it reads once for all of them; past the last run a
     program has no steps and stores nothing. ``PDL`` (``PDL_GATE_UP``): launched with PDL, it
     waits for the kernel before it (the routing's) before it reads anything. ``FOLD_DOWN``: each
@@ -211,11 +187,6 @@ def moe_gate_up_ring_kernel(
         x_tokens = pid_m // TOP_K + xr // (4 * CHUNKS)
         x_valid = xr < 4 * CHUNKS
         steps = K // CHUNKS // BLOCK_K
-    elif BY_EXPERT:
-        expert, first, routed, slots = _expert_tokens(topk_ids_ptr, pid_m, gl.num_programs(1), TOP_K, WARPS)
-        x_tokens = xr // 4
-        x_valid = (((routed >> x_tokens) & 1) != 0) & first
-        steps = (K // BLOCK_K) * first.to(gl.int32)
     else:
         row_start, expert, valid_end, has_run = _tile_run(
             pid_m, expert_offsets_ptr, expert_counts_ptr, E, E_POW2, BLOCK_M, WARPS
@@ -270,9 +241,6 @@ def moe_gate_up_ring_kernel(
     if BLOCK_M == 1:
         pairs = pid_m + column * 0
         column_valid = column < 1
-    elif BY_EXPERT:
-        pairs = column * TOP_K + ((slots >> (3 * column)) & 7)
-        column_valid = (((routed >> column) & 1) != 0) & first
     else:
         pairs, column_valid = _tile_pairs(sorted_pairs_ptr, row_start, column, valid_end)  # BLOCK_M is MMA_M
     if FOLD_DOWN:
@@ -538,18 +506,10 @@ def launch(
     words, scale_words = gu_packed.view(torch.int32), gu_scales.view(torch.uint8).view(torch.int32)
     ids = topk_ids.reshape(-1)
     g = moe_fused.group_pairs(topk_ids, experts, GROUP_TILE) if config["GROUPED"] or "DOWN_GROUPED" in config else None
-    by_expert = bool(config.get("BY_EXPERT", 0))
-    if by_expert and (config["GROUPED"] or config.get("CHUNKS", 1) > 1 or t > GROUP_TILE or pairs > BY_EXPERT_PAIRS):
-        raise ValueError(
-            f"BY_EXPERT: the gate_up puts each token in an MMA column and finds an expert's pairs among at most "
-            f"{BY_EXPERT_PAIRS}: needs GROUPED=0, CHUNKS=1, at most {GROUP_TILE} tokens and {BY_EXPERT_PAIRS} pairs, "
-            f"got GROUPED={config['GROUPED']}, CHUNKS={config.get('CHUNKS', 1)}, {t} tokens, {pairs} pairs; "
-            "use a config without BY_EXPERT"
-        )
     if config["GROUPED"]:
         grouping, block_m, tiles = (g.sorted_pairs, g.expert_offsets, g.expert_counts), GROUP_TILE, g.rows // GROUP_TILE
     else:
-        grouping, block_m, tiles = (ids, ids, ids), GROUP_TILE if by_expert else 1, pairs  # unread
+        grouping, block_m, tiles = (ids, ids, ids), 1, pairs  # unread
     chunks = config.get("CHUNKS", 1)
     if chunks > 1 and (config["GROUPED"] or k % (chunks * BLOCK_K)):
         raise ValueError(
@@ -591,7 +551,6 @@ def launch(
         LAYOUT=layout,
         TRIGGER=pdl,
         PDL=gate_up_pdl,
-        BY_EXPERT=by_expert,
         num_warps=config["WARPS"],
         launch_pdl=gate_up_pdl,
     )
@@ -791,13 +750,6 @@ MAX_TOKENS = 64
 # down reads the checkpoint's).
 LAYOUTS = (ring_layout.CHECKPOINT, ring_layout.RING)
 GATE_UP_CHUNKS = (1, 2, 4)
-# The gate_up by expert (``BY_EXPERT``) from 2 tokens, where two pairs may share an expert, to
-# ``SLOTS_UPTO``, before the slot down. At 8 tokens the per-pair gate_up reads an expert once a
-# pair, 64 for about 52 routed (Qwen3-30B), and on an H100 it ran at 93% of copy bandwidth on
-# those bytes (40.9 us a layer in the e2e profile at a9ec47d): the bytes, not the kernel, were
-# what was left to cut. By expert, the grouping launch that ``GROUPED`` needs is not needed
-# either: each program finds its expert's tokens among the pairs itself.
-BY_EXPERT_FROM = 2
 # The grouped down from 8 tokens on: about 54 experts for 64 pairs there, where it tied the walk
 # (68.7 against 68.8 us, ea7c354), and it lost at one token (22.6 against 21.8).
 DOWN_GROUPED_FROM = 8
@@ -835,9 +787,7 @@ def configs(t: int, n: int, k: int) -> list[dict]:
     ring steps, also the gate_up per pair with its rows in ``GATE_UP_CHUNKS`` chunks and the
     slot down (``DOWN_SLOTS``, 32 or 64 rows of 8 experts a program), 2 or 4 stages
     (``CHUNK_STAGES``); they won every one of those
-    token counts on the H200. From ``BY_EXPERT_FROM`` tokens to ``SLOTS_UPTO``, also the gate_up
-    by expert before the slot down (``BY_EXPERT``), 1 or 2 warps, the same downs and depths.
-    Past ``TIMED_UPTO`` tokens, the ways that won at 16. Fewer
+    token counts on the H200. Past ``TIMED_UPTO`` tokens, the ways that won at 16. Fewer
     configs, a shorter attach: each is compiled and timed at first use."""
     from flashrt.kernels.decode import interpreted
 
@@ -875,20 +825,6 @@ def configs(t: int, n: int, k: int) -> list[dict]:
             }
             for chunks in GATE_UP_CHUNKS
             if k % (chunks * BLOCK_K) == 0
-            for warps in (1, 2)
-            for down_warps in SLOT_DOWN_WARPS
-            for stages in CHUNK_STAGES
-        ]
-    if n % BLOCK_K == 0 and BY_EXPERT_FROM <= t <= SLOTS_UPTO:
-        offered += [
-            {
-                "GROUPED": 0,
-                "BY_EXPERT": 1,
-                "WARPS": warps,
-                "STAGES": stages,
-                "DOWN_WARPS": down_warps,
-                "DOWN_SLOTS": 1,
-            }
             for warps in (1, 2)
             for down_warps in SLOT_DOWN_WARPS
             for stages in CHUNK_STAGES

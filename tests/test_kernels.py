@@ -1736,12 +1736,12 @@ def test_ring_expert_forms_offer_past_16_tokens_only_the_ways_that_won_there(mon
 
 def test_ring_expert_ways_offer_two_stage_rings_from_wide_token_tiles(monkeypatch):
     """The unchunked ways' depths follow the dense ring form's: 3 and 4 below a 16-token tile, 2
-    as well from one (the ways before the slot down, chunked or by expert, keep ``CHUNK_STAGES``)."""
+    as well from one (the chunked ways keep ``CHUNK_STAGES``)."""
     monkeypatch.setattr(decode, "interpreted", lambda: False)  # what a compiled GPU is offered
     for tokens, depths in ((1, {3, 4}), (8, {3, 4}), (15, {3, 4}), (16, {2, 3, 4}), (64, {2, 3, 4})):
         offered = moe_ring_gluon.configs(tokens, 768, 2048)
-        assert {c["STAGES"] for c in offered if "DOWN_SLOTS" not in c} == depths
-        assert {c["STAGES"] for c in offered if "DOWN_SLOTS" in c} <= set(moe_ring_gluon.CHUNK_STAGES)
+        assert {c["STAGES"] for c in offered if "CHUNKS" not in c} == depths
+        assert {c["STAGES"] for c in offered if "CHUNKS" in c} <= set(moe_ring_gluon.CHUNK_STAGES)
 
 
 def test_ring_expert_chunks_and_slots_are_offered_to_few_tokens_and_launched_without_partials(monkeypatch):
@@ -1761,7 +1761,7 @@ def test_ring_expert_chunks_and_slots_are_offered_to_few_tokens_and_launched_wit
     monkeypatch.setattr(decode, "interpreted", lambda: False)  # what a compiled GPU is offered
     e, n, k, top_k, t = 6, 512, 2048, 3, 2
     for tokens in (1, 4, 8, 9, 16):
-        slotted = [c for c in moe_ring_gluon.configs(tokens, n, k) if "DOWN_SLOTS" in c and "BY_EXPERT" not in c]
+        slotted = [c for c in moe_ring_gluon.configs(tokens, n, k) if "DOWN_SLOTS" in c]
         assert len(slotted) == (24 if tokens <= moe_ring_gluon.SLOTS_UPTO else 0)
         assert {c["DOWN_WARPS"] for c in slotted} == (set(moe_ring_gluon.SLOT_DOWN_WARPS) if slotted else set())
         assert {c["STAGES"] for c in slotted} == (set(moe_ring_gluon.CHUNK_STAGES) if slotted else set())
@@ -1803,52 +1803,6 @@ def test_ring_expert_chunks_and_slots_are_offered_to_few_tokens_and_launched_wit
         moe_ring_gluon.launch(hidden, *banks, many, weights.repeat(1, 3), out, slots, False)
 
 
-def test_ring_expert_gate_up_by_expert_is_offered_from_two_tokens_and_launched_without_grouping(monkeypatch):
-    """The gate_up by expert (``BY_EXPERT``), what CI can check without a GPU: offered from 2 to
-    ``SLOTS_UPTO`` tokens, before the slot down, each gate_up warps, slot down warps and depth;
-    launched a program a pair as the per-pair gate_up (the kernel finds each expert's first pair
-    and its tokens), 8 MMA columns for the tokens, no grouping launch and no partials. Where it
-    cannot run the launcher says what it needs."""
-    import triton
-
-    calls = []
-    monkeypatch.setattr(moe_ring_gluon, "moe_gate_up_ring_kernel", _Recorder(calls, "gate_up"))
-    monkeypatch.setattr(moe_ring_gluon, "moe_down_slots_ring_kernel", _Recorder(calls, "slots"))
-    monkeypatch.setattr(moe_fused, "group_pairs", lambda *args: calls.append(("group",)))
-    monkeypatch.setattr(decode, "interpreted", lambda: False)  # what a compiled GPU is offered
-    e, n, k, top_k, t = 6, 512, 2048, 3, 5
-    for tokens in (1, 2, 8, 9):
-        by_expert = [c for c in moe_ring_gluon.configs(tokens, n, k) if "BY_EXPERT" in c]
-        offered = moe_ring_gluon.BY_EXPERT_FROM <= tokens <= moe_ring_gluon.SLOTS_UPTO
-        assert len(by_expert) == (8 if offered else 0), tokens
-        assert all(c["DOWN_SLOTS"] and not c["GROUPED"] and "CHUNKS" not in c for c in by_expert)
-        assert {(c["WARPS"], c["DOWN_WARPS"], c["STAGES"]) for c in by_expert} == (
-            {(w, d, s) for w in (1, 2) for d in moe_ring_gluon.SLOT_DOWN_WARPS for s in moe_ring_gluon.CHUNK_STAGES}
-            if offered
-            else set()
-        )
-    assert not [c for c in moe_ring_gluon.configs(4, 48, k) if "BY_EXPERT" in c], "the slot down's whole steps only"
-    gu, dn, hidden, ids, weights = _cpu_expert_case(monkeypatch, e, n, k, top_k, t)
-    out = torch.zeros_like(hidden)
-    config = {"GROUPED": 0, "BY_EXPERT": 1, "WARPS": 2, "STAGES": 2, "DOWN_WARPS": 4, "DOWN_SLOTS": 1}
-    assert moe_ring_gluon.launch(hidden, *_tuples(gu, dn), ids, weights, out, config, False) is out
-    assert [c[0] for c in calls] == ["gate_up", "slots"], "no grouping launch, no partials, no reduce"
-    (_, up_grid, up_args, up_kwargs), (_, _, args, _) = calls
-    assert up_grid == (triton.cdiv(n, 16 * 2), t * top_k), "a program a pair"
-    assert up_kwargs["BY_EXPERT"] is True and up_kwargs["BLOCK_M"] == moe_ring_gluon.GROUP_TILE == 8
-    assert up_kwargs["CHUNKS"] == 1 and up_kwargs["FOLD_DOWN"] is True and torch.equal(up_args[4], ids.reshape(-1))
-    assert args[0] is up_args[10], "the slot down reads the gate_up's h, in pair order"
-    for bad, why in (
-        ({"GROUPED": 1}, r"GROUPED=1"),
-        ({"CHUNKS": 2}, r"CHUNKS=2"),
-    ):
-        with pytest.raises(ValueError, match=rf"BY_EXPERT:.*{why}.*without BY_EXPERT"):
-            moe_ring_gluon.launch(hidden, *_tuples(gu, dn), ids, weights, out, config | bad, False)
-    ten = (torch.cat([hidden] * 2), *_tuples(gu, dn), ids.repeat(2, 1), weights.repeat(2, 1), out.repeat(2, 1))
-    with pytest.raises(ValueError, match=r"BY_EXPERT:.*at most 8 tokens.*got .*10 tokens"):  # past the 8 columns
-        moe_ring_gluon.launch(*ten, config, False)
-
-
 @pytest.mark.skipif(not ON_GPU, reason="Gluon has no interpreter; CI builds these kernels for every target")
 @pytest.mark.parametrize("top_k", [8, 6, 3])
 @pytest.mark.parametrize("t", [1, 3, 8])
@@ -1857,9 +1811,7 @@ def test_ring_expert_chunks_and_slots_match_reference(t, top_k, device):
     programs, 2- and 4-stage rings), and 8 chunks and 16-row slot programs, not offered (a Qwen3-30B-shaped hidden
     size of 2048; an inter size of 512, two steps an expert): top-8 fills the down's 8 slots,
     top-6 leaves two that must add nothing, top-3 one of 4. Expert 0's down global scale is 0
-    (a pruned expert), the output poisoned first. From 2 tokens the gate_up by expert too: at 8
-    tokens of top-8 over 16 experts every expert serves about 4 tokens, and its first pair's
-    program stores them all."""
+    (a pruned expert), the output poisoned first."""
     e, n, k = 16, 512, 2048
     gu, dn = _bank(e, n, k, device)
     dn.global_scale[0] = 0.0
@@ -1868,8 +1820,7 @@ def test_ring_expert_chunks_and_slots_match_reference(t, top_k, device):
     ref = ops.moe_reference(hidden, gu, dn, ids, weights).double()
     configs = [c for c in moe_ring_gluon.configs(t, n, k) if "DOWN_SLOTS" in c]
     configs += [{"GROUPED": 0, "WARPS": w, "STAGES": 4, "CHUNKS": 8, "DOWN_WARPS": 1, "DOWN_SLOTS": 1} for w in (1, 2)]
-    ways = 6 + 2 * (t >= moe_ring_gluon.BY_EXPERT_FROM)  # chunks x gate_up warps, and by expert x warps
-    assert len(configs) == ways * len(moe_ring_gluon.SLOT_DOWN_WARPS) * len(moe_ring_gluon.CHUNK_STAGES) + 2
+    assert len(configs) == 6 * len(moe_ring_gluon.SLOT_DOWN_WARPS) * len(moe_ring_gluon.CHUNK_STAGES) + 2
     for config in configs:
         out = torch.full_like(hidden, float("nan"))
         moe_ring_gluon.launch(hidden, *_tuples(gu, dn), ids, weights, out, config, False)
