@@ -60,6 +60,19 @@ PROMPT, GENERATED, WARM_STEPS = 128, 128, 3
 # Where torch.compile's kernels launched with PDL let the next one start (``--inductor-trigger``):
 # after their last load, as inductor places it, or right after their wait (``inductor_trigger``).
 TRIGGERS = ("last-load", "wait")
+# How inductor picks its kernels' launch configs, in both arms (``--inductor-configs``). Left to
+# itself (``autotune``) a process times a pointwise or reduction kernel's few configs at its first
+# call and keeps the fastest it saw, of kernels of 1-5 us, so the pick is close to a draw.
+# Qwen3-30B at batch 8 on three fresh H100s, our kernels the same
+# (``h100-e2e-qwen3-30b-a3b-b8-*.json``), the two kernels of the q/k norm, the rotary embedding
+# and the cache write, us a step, seated arm / bf16 arm, and the decode:
+#   b226a69: 96 + 93 / 223 + 347, seated step 4.40 ms, 2.48x
+#   a9ec47d: 233 + 234 / 220 + 347, 4.49 ms, 2.48x
+#   f09c839: 227 + 318 / 93 + 209, 4.61 ms, 2.33x
+# ``heuristic`` keeps one config per kernel as inductor's own deterministic mode picks it
+# (pointwise autotuning off, the reduction configs filtered to one), the same in every process.
+# Not yet run on a GPU.
+INDUCTOR_CONFIGS = ("autotune", "heuristic")
 BATCHES = (1, 4, 8, 16, 32)
 # The arms whose decode attention and router kernels (``decode_attention.PDL_LAUNCH``,
 # ``router_topk.PDL_LAUNCH``) are launched with PDL, as torch.compile's kernels. By default each
@@ -654,15 +667,29 @@ def prompts_for(model: torch.nn.Module, batch: int) -> torch.Tensor:
     return torch.randint(0, model.config.vocab_size, (batch, PROMPT), device="cuda")
 
 
-def compile_as_runs_do(inductor_pdl: bool) -> None:
+def compile_as_runs_do(inductor_pdl: bool, inductor_configs: str = "autotune") -> None:
     """torch.compile's settings for a run: dynamo keeps a program for every batch and arm (each
-    batch is compiled afresh, ``batch_program``), and inductor launches its kernels with PDL
-    where ``inductor_pdl`` (its ``triton.enable_pdl``, on torches that have it)."""
+    batch is compiled afresh, ``batch_program``), inductor launches its kernels with PDL where
+    ``inductor_pdl`` (its ``triton.enable_pdl``, on torches that have it) and picks their configs
+    as ``inductor_configs`` says (``INDUCTOR_CONFIGS``; ``heuristic`` needs
+    ``heuristic_configs_available``)."""
     from torch._inductor import config as inductor
 
     torch._dynamo.config.cache_size_limit = 64
     if hasattr(inductor.triton, "enable_pdl"):
         inductor.triton.enable_pdl = inductor_pdl
+    heuristic = inductor_configs == "heuristic"
+    inductor.triton.autotune_pointwise = not heuristic
+    if heuristic_configs_available():
+        inductor.test_configs.force_filter_reduction_configs = heuristic
+
+
+def heuristic_configs_available() -> bool:
+    """Whether this torch's inductor can keep one config per reduction kernel without timing them
+    (``test_configs.force_filter_reduction_configs``, what its deterministic mode does)."""
+    from torch._inductor import config as inductor
+
+    return hasattr(getattr(inductor, "test_configs", None), "force_filter_reduction_configs")
 
 
 def run_profile(moe: bool) -> SeatProfile:
@@ -867,7 +894,7 @@ def _on_gpus(names: list[str], args, out: Path, result: dict) -> None:
     rest += ["--mma-ws"] if args.mma_ws else []
     rest += ["--inductor-pdl", args.inductor_pdl] if args.inductor_pdl else []
     rest += ["--inductor-trigger", args.inductor_trigger, "--tune-after-us", str(args.tune_after_us)]
-    rest += ["--pdl-arms", args.pdl_arms]
+    rest += ["--pdl-arms", args.pdl_arms, "--inductor-configs", args.inductor_configs]
     queues = [names[i::gpus] for i in range(gpus)]
     procs = []
     for gpu, queue in enumerate(queues):
@@ -942,6 +969,14 @@ def main(argv: list[str] | None = None) -> int:
         help="in which arms the decode attention's and router's kernels are launched with PDL as "
         "torch.compile's are (otherwise never): the default, each arm as it runs faster (PDL_ARMS)",
     )
+    parser.add_argument(
+        "--inductor-configs",
+        choices=INDUCTOR_CONFIGS,
+        default="autotune",
+        help="how torch.compile's kernels get their launch configs, in both arms: timed at their first call "
+        "(inductor's default, a near draw between processes for kernels of a few microseconds) or one per "
+        "kernel by inductor's deterministic heuristic, the same in every process (INDUCTOR_CONFIGS)",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -966,7 +1001,13 @@ def main(argv: list[str] | None = None) -> int:
             "--tune-after-us times projections after a kernel that lets them start at once: add --inductor-trigger wait"
         )
         return 2
-    compile_as_runs_do(inductor_pdl)
+    if args.inductor_configs == "heuristic" and not heuristic_configs_available():
+        print(
+            f"--inductor-configs heuristic: torch {torch.__version__}'s inductor has no "
+            "test_configs.force_filter_reduction_configs; use autotune"
+        )
+        return 2
+    compile_as_runs_do(inductor_pdl, args.inductor_configs)
     if args.inductor_trigger == "wait":
         inductor_trigger.install()
     ops.SERVED_AFTER_US = args.tune_after_us
@@ -984,6 +1025,7 @@ def main(argv: list[str] | None = None) -> int:
         "inductor_trigger": args.inductor_trigger if inductor_pdl else None,
         "tuned_after_us": args.tune_after_us,
         "pdl_arms": args.pdl_arms if inductor_pdl else "off",
+        "inductor_configs": args.inductor_configs,
         "router_logits_max_tokens": router_topk.LOGITS_MAX_TOKENS,
         "models": [],
         "rows": [],

@@ -88,6 +88,7 @@ DEFAULT_MERGED = merge.RESULTS / "h200-e2e.json"
 # K-warps form, session 62) and 16 at a9ec47d, and Qwen3-30B's 1, 4 and 8 at a9ec47d come before
 # the runs they replace, so those rows are the current code's.
 H100_RESULTS = [
+    merge.RESULTS / "h100-e2e-qwen3-30b-a3b-b8-b226a69-run1.json",
     merge.RESULTS / "h100-e2e-llama-b4-dcbcaf7.json",
     merge.RESULTS / "h100-e2e-qwen3-30b-a3b-b4-dcbcaf7.json",
     merge.RESULTS / "h100-e2e-llama-b1-2921505.json",
@@ -113,8 +114,10 @@ SHARED = ("device", "capability", "cuda", "torch", "triton", "transformers", "pr
 # in both arms (``gated_delta.kernels``), missing before 2026-12-04's runs, the arms
 # whose decode attention was launched with PDL (``attention_pdl``), missing before 6f156f2's, then
 # their attention and router kernels (``pdl_arms``, ``e2e.PDL_ARMS``), from 2026-12-04's, and up
-# to how many tokens the router's logits ran ``router_topk.router_logits`` (missing before 5c0f2a9's).
-TAGS = ("linear_attention_kernels", "attention_pdl", "pdl_arms", "router_logits_max_tokens")
+# to how many tokens the router's logits ran ``router_topk.router_logits`` (missing before 5c0f2a9's),
+# and how inductor picked its kernels' configs (``e2e.INDUCTOR_CONFIGS``; missing before session 64's:
+# timed at their first call).
+TAGS = ("linear_attention_kernels", "attention_pdl", "pdl_arms", "router_logits_max_tokens", "inductor_configs")
 
 
 def model_figures(run: dict, row: dict) -> dict:

@@ -337,6 +337,28 @@ def test_each_arm_launches_its_attention_and_router_kernels_with_pdl_as_its_sett
         assert decode_attention.PDL_LAUNCH is want and router_topk.PDL_LAUNCH is want, (setting, arm)
 
 
+def test_heuristic_inductor_configs_keep_one_config_a_kernel_and_autotune_keeps_them_all(monkeypatch):
+    """``e2e.INDUCTOR_CONFIGS``: ``heuristic`` turns inductor's pointwise autotuning off and has
+    the filter its reductions' configs pass through keep one of them, as its deterministic mode
+    does, the same in every process; ``autotune`` (the default) leaves every config to be timed."""
+    import triton
+    from flashrt.bench import e2e
+    from torch._inductor import config as inductor
+    from torch._inductor.runtime import triton_heuristics
+
+    assert e2e.heuristic_configs_available(), "this torch's inductor: the suite's pins have the switch"
+    monkeypatch.setattr(inductor.triton, "autotune_pointwise", inductor.triton.autotune_pointwise)
+    monkeypatch.setattr(torch._dynamo.config, "cache_size_limit", torch._dynamo.config.cache_size_limit)
+    monkeypatch.setattr(inductor.test_configs, "force_filter_reduction_configs", False)
+    monkeypatch.setattr(inductor.triton, "enable_pdl", getattr(inductor.triton, "enable_pdl", False), raising=False)
+    configs = [triton.Config({"XBLOCK": x, "R0_BLOCK": 128}, num_warps=w) for x, w in ((1, 2), (8, 4), (32, 8))]
+    for setting, pointwise, kept in (("heuristic", False, 1), ("autotune", True, 3)):
+        e2e.compile_as_runs_do(inductor_pdl=False, inductor_configs=setting)
+        meta = {"force_filter_reduction_configs": inductor.test_configs.force_filter_reduction_configs}
+        assert inductor.triton.autotune_pointwise is pointwise, setting
+        assert len(triton_heuristics.filter_reduction_configs_for_determinism(meta, configs)) == kept, setting
+
+
 def test_fused_routers_replace_transformers_routers_and_keep_the_models_logits(device):
     """``install`` swaps each Qwen3-MoE router for the fused one on the same weight: the model's
     logits do not change, traced whole by ``torch.compile`` too (the op's fake), and the dense
