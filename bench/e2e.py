@@ -69,12 +69,23 @@ TRIGGERS = ("last-load", "wait")
 #   b226a69: 96 + 93 / 223 + 347, seated step 4.40 ms, 2.48x
 #   a9ec47d: 233 + 234 / 220 + 347, 4.49 ms, 2.48x
 #   f09c839: 227 + 318 / 93 + 209, 4.61 ms, 2.33x
+#   68f4cdf, two processes on one machine: 202 + 219 / 203 + 157, 4.51 ms, 2.36x;
+#            201 + 219 / 352 + 223, 4.50 ms, 2.42x
 # ``heuristic`` keeps one config per kernel as inductor's own deterministic mode picks it
-# (pointwise autotuning off, the reduction configs filtered to one), the same in every process.
-# Run once: Llama-3-8B at batch 8 on an H100 (f3efc7b, ``h100-e2e-llama-b8-heuristic-f3efc7b.json``),
-# 2.37x as with autotune at 4c57cb1, its compiled kernels within 10% of those (Llama has no
-# persistent reduction); not yet on Qwen3-30B, whose q/k norms are two.
-INDUCTOR_CONFIGS = ("autotune", "heuristic")
+# (pointwise autotuning off, the reduction configs filtered to one), the same in every process:
+# Qwen3-30B at 8 at 68f4cdf, two processes, 312 + 220 / 368 + 219, 4.60 ms, 2.37x both times, a
+# reproducible pick slower than autotune's draws; Llama-3-8B at 8 (f3efc7b) 2.37x as autotune's.
+# ``coordinate-descent`` times more configs around the first pick (inductor's
+# ``coordinate_descent_tuning``), and with it inductor turns a matrix-vector ``mm`` or ``bmm``
+# into a reduction it fuses: the rotary embedding's into the q/k norms', and at batch 1 the bf16
+# arm's every projection (gpt-fast's setting; our projections are custom ops). Run once, on four
+# of Qwen3-30B's layers at 8 (68f4cdf, ``h100-e2e-qwen3-l4-b8-68f4cdf-*.json``): the q/k norm,
+# rotary and cache-write kernels 8.0 us a layer against autotune's 9.9 and heuristic's 14.1, all
+# inductor's kernels 62.9 us a step against 67.2 (seated) and 63.2 against 70.2 (bf16); the
+# decode 2.48x against 2.38x, but mostly from the bf16 step's replay (1.126 against 1.105 ms,
+# slower where its kernels were faster), so one run says nothing of the ratio. Not yet at full
+# depth, nor at batch 1.
+INDUCTOR_CONFIGS = ("autotune", "heuristic", "coordinate-descent")
 BATCHES = (1, 4, 8, 16, 32)
 # The arms whose decode attention and router kernels (``decode_attention.PDL_LAUNCH``,
 # ``router_topk.PDL_LAUNCH``) are launched with PDL, as torch.compile's kernels. By default each
@@ -682,6 +693,7 @@ def compile_as_runs_do(inductor_pdl: bool, inductor_configs: str = "autotune") -
         inductor.triton.enable_pdl = inductor_pdl
     heuristic = inductor_configs == "heuristic"
     inductor.triton.autotune_pointwise = not heuristic
+    inductor.coordinate_descent_tuning = inductor_configs == "coordinate-descent"
     if heuristic_configs_available():
         inductor.test_configs.force_filter_reduction_configs = heuristic
 
@@ -977,7 +989,8 @@ def main(argv: list[str] | None = None) -> int:
         default="autotune",
         help="how torch.compile's kernels get their launch configs, in both arms: timed at their first call "
         "(inductor's default, a near draw between processes for kernels of a few microseconds) or one per "
-        "kernel by inductor's deterministic heuristic, the same in every process (INDUCTOR_CONFIGS)",
+        "kernel by inductor's deterministic heuristic, the same in every process, or timed further around the "
+        "first pick by coordinate descent, which also fuses matrix-vector products (INDUCTOR_CONFIGS)",
     )
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)

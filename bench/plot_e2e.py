@@ -86,9 +86,12 @@ DEFAULT_MERGED = merge.RESULTS / "h200-e2e.json"
 # The H100's runs, kept apart from the H200's (issue 7's targets are the H200's): sessions 57-64,
 # every H200 call answered by an H100. Llama's batch 1 at 2921505, 4 at dcbcaf7 (the K-warps
 # form from 4 tokens), 8 at 4c57cb1 (the K-warps form, session 62) and 16 at a9ec47d, and
-# Qwen3-30B's 1 at a9ec47d, 4 at dcbcaf7 and 8 at b226a69 come before the runs they replace, so
-# those rows are the current code's.
+# Qwen3-30B's 1 at a9ec47d, 4 at dcbcaf7 and 8 at 68f4cdf come before the runs they replace, so
+# those rows are the current code's. Qwen3-30B's 8 is the middle of three processes with the same
+# kernels, each with inductor's own draw of its configs (``e2e.INDUCTOR_CONFIGS``): 2.36x, 2.42x
+# (68f4cdf, fresh caches on one machine) and 2.48x (b226a69).
 H100_RESULTS = [
+    merge.RESULTS / "h100-e2e-qwen3-30b-a3b-b8-68f4cdf-autotune2.json",
     merge.RESULTS / "h100-e2e-qwen3-30b-a3b-b8-b226a69-run1.json",
     merge.RESULTS / "h100-e2e-llama-b4-dcbcaf7.json",
     merge.RESULTS / "h100-e2e-qwen3-30b-a3b-b4-dcbcaf7.json",

@@ -337,26 +337,43 @@ def test_each_arm_launches_its_attention_and_router_kernels_with_pdl_as_its_sett
         assert decode_attention.PDL_LAUNCH is want and router_topk.PDL_LAUNCH is want, (setting, arm)
 
 
-def test_heuristic_inductor_configs_keep_one_config_a_kernel_and_autotune_keeps_them_all(monkeypatch):
+def test_inductor_configs_reach_the_switches_inductor_reads():
     """``e2e.INDUCTOR_CONFIGS``: ``heuristic`` turns inductor's pointwise autotuning off and has
     the filter its reductions' configs pass through keep one of them, as its deterministic mode
-    does, the same in every process; ``autotune`` (the default) leaves every config to be timed."""
+    does, the same in every process; ``coordinate-descent`` has inductor turn a matrix-vector
+    product into a reduction it can fuse (and tune around its first pick); ``autotune`` (the
+    default) leaves every config to be timed and the product to the matmul library."""
     import triton
-    from flashrt.bench import e2e
     from torch._inductor import config as inductor
+    from torch._inductor import decomposition
     from torch._inductor.runtime import triton_heuristics
 
     assert e2e.heuristic_configs_available(), "this torch's inductor: the suite's pins have the switch"
-    monkeypatch.setattr(inductor.triton, "autotune_pointwise", inductor.triton.autotune_pointwise)
-    monkeypatch.setattr(torch._dynamo.config, "cache_size_limit", torch._dynamo.config.cache_size_limit)
-    monkeypatch.setattr(inductor.test_configs, "force_filter_reduction_configs", False)
-    monkeypatch.setattr(inductor.triton, "enable_pdl", getattr(inductor.triton, "enable_pdl", False), raising=False)
+    assert set(e2e.INDUCTOR_CONFIGS) == {"autotune", "heuristic", "coordinate-descent"}
     configs = [triton.Config({"XBLOCK": x, "R0_BLOCK": 128}, num_warps=w) for x, w in ((1, 2), (8, 4), (32, 8))]
-    for setting, pointwise, kept in (("heuristic", False, 1), ("autotune", True, 3)):
-        e2e.compile_as_runs_do(inductor_pdl=False, inductor_configs=setting)
-        meta = {"force_filter_reduction_configs": inductor.test_configs.force_filter_reduction_configs}
-        assert inductor.triton.autotune_pointwise is pointwise, setting
-        assert len(triton_heuristics.filter_reduction_configs_for_determinism(meta, configs)) == kept, setting
+    # a decode row times a weight, on a device that is neither the CPU nor MPS (which inductor
+    # leaves to their matmul) and without one: the meta device
+    row, weight = torch.empty(1, 64, device="meta"), torch.empty(64, 32, device="meta")
+    # what ``compile_as_runs_do`` writes, put back afterwards by the config modules' own ``patch``
+    # (monkeypatch would delete them: they are not in a config module's ``__dict__``)
+    written = ["triton.autotune_pointwise", "coordinate_descent_tuning", "test_configs.force_filter_reduction_configs"]
+    written += ["triton.enable_pdl"] if hasattr(inductor.triton, "enable_pdl") else []
+    now = inductor.get_config_copy()
+    with (
+        inductor.patch({name: now[name] for name in written}),
+        torch._dynamo.config.patch(cache_size_limit=torch._dynamo.config.cache_size_limit),
+    ):
+        for setting, pointwise, kept, fused in (
+            ("heuristic", False, 1, False),
+            ("coordinate-descent", True, 3, True),
+            ("autotune", True, 3, False),
+        ):
+            e2e.compile_as_runs_do(inductor_pdl=False, inductor_configs=setting)
+            meta = {"force_filter_reduction_configs": inductor.test_configs.force_filter_reduction_configs}
+            assert inductor.triton.autotune_pointwise is pointwise, setting
+            assert len(triton_heuristics.filter_reduction_configs_for_determinism(meta, configs)) == kept, setting
+            assert (decomposition.mm(row, weight) is not NotImplemented) is fused, setting
+    assert inductor.get_config_copy() == now, "the settings are put back"
 
 
 def test_fused_routers_replace_transformers_routers_and_keep_the_models_logits(device):
