@@ -83,8 +83,11 @@ TRIGGERS = ("last-load", "wait")
 # rotary and cache-write kernels 8.0 us a layer against autotune's 9.9 and heuristic's 14.1, all
 # inductor's kernels 62.9 us a step against 67.2 (seated) and 63.2 against 70.2 (bf16); the
 # decode 2.48x against 2.38x, but mostly from the bf16 step's replay (1.126 against 1.105 ms,
-# slower where its kernels were faster), so one run says nothing of the ratio. Not yet at full
-# depth, nor at batch 1.
+# slower where its kernels were faster), so one run says nothing of the ratio. Llama-3-8B at
+# batch 1 (0087151, ``h100-e2e-llama-b1-coordinate-descent-0087151.json``): the bf16 arm's
+# projections as inductor's reductions ran its step in 5.84 ms, cuBLAS's 5.81 at 2921505 on
+# another H100, so the baseline loses nothing by cuBLAS; the seated step 2.25 ms against 2.13,
+# its rotary kernel 4.0 us a layer against 1.5: 2.60x against 2.73x. Not the default.
 INDUCTOR_CONFIGS = ("autotune", "heuristic", "coordinate-descent")
 BATCHES = (1, 4, 8, 16, 32)
 # The arms whose decode attention and router kernels (``decode_attention.PDL_LAUNCH``,
