@@ -83,7 +83,7 @@ DEFAULT_RESULTS = [  # every arm with vLLM's merged projections, torch.compile's
 ]
 DEFAULT_PNG = Path(__file__).resolve().parents[1] / "docs" / "img" / "decode-speedup.png"
 DEFAULT_MERGED = merge.RESULTS / "h200-e2e.json"
-# The H100's runs, kept apart from the H200's (issue 7's targets are the H200's): sessions 57-64,
+# The H100's runs, kept apart from the H200's (issue 7's targets are the H200's): sessions 57-65,
 # every H200 call answered by an H100. Llama's batch 1 at 2921505, 4 at dcbcaf7 (the K-warps
 # form from 4 tokens), 8 at 4c57cb1 (the K-warps form, session 62) and 16 at a9ec47d, and
 # Qwen3-30B's 1 at a9ec47d, 4 at dcbcaf7 and 8 at 68f4cdf come before the runs they replace, so
