@@ -60,34 +60,18 @@ PROMPT, GENERATED, WARM_STEPS = 128, 128, 3
 # Where torch.compile's kernels launched with PDL let the next one start (``--inductor-trigger``):
 # after their last load, as inductor places it, or right after their wait (``inductor_trigger``).
 TRIGGERS = ("last-load", "wait")
-# How inductor picks its kernels' launch configs, in both arms (``--inductor-configs``). Left to
-# itself (``autotune``) a process times a pointwise or reduction kernel's few configs at its first
-# call and keeps the fastest it saw, of kernels of 1-5 us, so the pick is close to a draw.
-# Qwen3-30B at batch 8 on three fresh H100s, our kernels the same
-# (``h100-e2e-qwen3-30b-a3b-b8-*.json``), the two kernels of the q/k norm, the rotary embedding
-# and the cache write, us a step, seated arm / bf16 arm, and the decode:
-#   b226a69: 96 + 93 / 223 + 347, seated step 4.40 ms, 2.48x
-#   a9ec47d: 233 + 234 / 220 + 347, 4.49 ms, 2.48x
-#   f09c839: 227 + 318 / 93 + 209, 4.61 ms, 2.33x
-#   68f4cdf, two processes on one machine: 202 + 219 / 203 + 157, 4.51 ms, 2.36x;
-#            201 + 219 / 352 + 223, 4.50 ms, 2.42x
-# ``heuristic`` keeps one config per kernel as inductor's own deterministic mode picks it
-# (pointwise autotuning off, the reduction configs filtered to one), the same in every process:
-# Qwen3-30B at 8 at 68f4cdf, two processes, 312 + 220 / 368 + 219, 4.60 ms, 2.37x both times, a
-# reproducible pick slower than autotune's draws; Llama-3-8B at 8 (f3efc7b) 2.37x as autotune's.
-# ``coordinate-descent`` times more configs around the first pick (inductor's
-# ``coordinate_descent_tuning``), and with it inductor turns a matrix-vector ``mm`` or ``bmm``
-# into a reduction it fuses: the rotary embedding's into the q/k norms', and at batch 1 the bf16
-# arm's every projection (gpt-fast's setting; our projections are custom ops). Run once, on four
-# of Qwen3-30B's layers at 8 (68f4cdf, ``h100-e2e-qwen3-l4-b8-68f4cdf-*.json``): the q/k norm,
-# rotary and cache-write kernels 8.0 us a layer against autotune's 9.9 and heuristic's 14.1, all
-# inductor's kernels 62.9 us a step against 67.2 (seated) and 63.2 against 70.2 (bf16); the
-# decode 2.48x against 2.38x, but mostly from the bf16 step's replay (1.126 against 1.105 ms,
-# slower where its kernels were faster), so one run says nothing of the ratio. Llama-3-8B at
-# batch 1 (0087151, ``h100-e2e-llama-b1-coordinate-descent-0087151.json``): the bf16 arm's
-# projections as inductor's reductions ran its step in 5.84 ms, cuBLAS's 5.81 at 2921505 on
-# another H100, so the baseline loses nothing by cuBLAS; the seated step 2.25 ms against 2.13,
-# its rotary kernel 4.0 us a layer against 1.5: 2.60x against 2.73x. Not the default.
+# How inductor picks its kernels' launch configs, in both arms (``--inductor-configs``; every
+# run in docs/benchmarks.md, sessions 64-65). ``autotune`` (inductor's default) times a kernel's
+# few configs at its first call and keeps the fastest it saw; for the 2-5 us q/k-norm, rotary and
+# cache kernels that is close to a draw: 5-16 us a layer between processes, Qwen3-30B at batch 8
+# on H100s 2.36x, 2.42x and 2.48x with the same kernels of ours
+# (``h100-e2e-qwen3-30b-a3b-b8-*.json``). ``heuristic`` keeps the one config inductor's
+# deterministic mode picks: 2.37x in two processes, the same each time but the slow end of the
+# draws. ``coordinate-descent`` (``coordinate_descent_tuning``) tunes around the first pick and
+# turns a matrix-vector ``mm``/``bmm`` into a reduction it fuses, at batch 1 the bf16 arm's
+# projections too (gpt-fast's setting): Llama-3-8B at 1 2.60x against the default's 2.73x, its
+# bf16 step no faster than cuBLAS's (``h100-e2e-llama-b1-coordinate-descent-0087151.json``);
+# Qwen3-30B at 8 run only on four layers. So the default stays ``autotune``.
 INDUCTOR_CONFIGS = ("autotune", "heuristic", "coordinate-descent")
 BATCHES = (1, 4, 8, 16, 32)
 # The arms whose decode attention and router kernels (``decode_attention.PDL_LAUNCH``,
