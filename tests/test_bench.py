@@ -1065,3 +1065,122 @@ def test_the_norm_bound_probe_leaves_out_only_what_it_names_and_puts_it_back():
     with torch.no_grad():
         assert torch.equal(model(ids).logits, served)
     assert calls == {"norm": 4, "act": 2}
+
+
+def _profile(kernels: dict[str, tuple[float, float]], idle: float) -> list[dict]:
+    """An arm's step profile as ``e2e._kernel_breakdown`` writes it: ``kernels`` name: (us a step,
+    us of it overlapping kernels started before)."""
+    rows = [{"kernel": k, "us_per_step": us, "overlapped_us_per_step": over} for k, (us, over) in kernels.items()]
+    total = sum(us for us, _ in kernels.values())
+    busy = total - sum(over for _, over in kernels.values())
+    return [*rows, {"kernel": "all", "us_per_step": total, "busy_us_per_step": busy, "idle_us_per_step": idle}]
+
+
+def _breakdown_row(batch: int, ours_projections_us: float) -> dict:
+    """A dense row whose arms share 1000 us a step (attention 600, compiled 380, idle 20) and a
+    cuBLAS GEMM no seat takes (10 us), bf16's projections 2000 us, ours ``ours_projections_us``
+    (100 of them overlapping the attention before, a PDL launch waiting), weights 8x smaller."""
+    shared = {"decode_attention_kernel": (600.0, 0.0), "triton_red_fused_mean_0": (380.0, 0.0)}
+    gate = {"void dot_kernel<float, 128>": (10.0, 0.0)}
+    bf16 = _profile({"nvjet_sm90_tst_64x8": (2000.0, 0.0), **gate, **shared}, idle=20.0)
+    ours = _profile({"nvfp4_linear_mma_gluon_kernel": (ours_projections_us + 100.0, 100.0), **gate, **shared}, 20.0)
+    return {
+        "model": "llama3-8b",
+        "layers": 32,
+        "batch": batch,
+        "bf16_step_ms": 3.01,
+        "ours_step_ms": (ours_projections_us + 1010.0) / 1e3,
+        "weight_bytes_bf16": 8e9,
+        "weight_bytes_ours": 1e9,
+        "bf16_kernels": bf16,
+        "ours_kernels": ours,
+    }
+
+
+def test_breakdown_s_ceilings_on_a_step_whose_answers_are_known():
+    """The analysis of a step built by hand: the seated kernels each arm pays for alone (a PDL
+    launch's wait is the kernel it waits on), the rest, both ceilings and the rest that issue 7's
+    target needs, and no rest at all where the seated kernels are slower than the target."""
+    from flashrt.bench import breakdown
+
+    a = breakdown.analysis(_breakdown_row(1, ours_projections_us=500.0))
+    assert a["ours_by_kind"] == {
+        "projections": 500.0,
+        "experts": 0.0,
+        "cuBLAS": 10.0,
+        "attention": 600.0,
+        "routing": 0.0,
+        "compiled": 380.0,
+        "other": 0.0,
+        "idle": 20.0,
+    }
+    assert a["bf16_by_kind"]["projections"] == 2000.0 and a["bf16_by_kind"]["cuBLAS"] == 10.0
+    assert (a["seated_bf16_us"], a["seated_ours_us"], a["seated_ratio"]) == (2000.0, 500.0, 4.0)
+    assert a["rest_bf16_us"] == pytest.approx(1010.0) and a["rest_ours_us"] == pytest.approx(1010.0)
+    assert a["decode"] == pytest.approx(3010 / 1510) and a["target"] == 2.5
+    assert a["ceiling_seated_free"] == pytest.approx(3010 / 1010)
+    assert a["ceiling_at_byte_ratio"] == pytest.approx(3010 / (1010 + 250))  # 2000 us / 8
+    # 2.5x: (3010 - c) / (1510 - c) = 2.5, c = 510 us from each arm's rest; at 8x, from 1260: c = 93.3
+    assert a["rest_for_target_us"] == pytest.approx(500.0)
+    assert a["seated_ratio_for_target"] == pytest.approx(2000 / (3010 / 2.5 - 1010))  # the rest as it ran
+    assert a["rest_for_target_at_byte_ratio_us"] == pytest.approx(1010 - (2.5 * 1260 - 3010) / 1.5)
+
+    slow = breakdown.analysis(_breakdown_row(8, ours_projections_us=1000.0))  # seated 2.0x, the target 2.2x
+    assert slow["target"] == 2.2 and slow["rest_for_target_us"] is None
+    assert slow["rest_for_target_at_byte_ratio_us"] == pytest.approx(1010 - (2.2 * 1260 - 3010) / 1.2)
+    assert breakdown.analysis(_breakdown_row(4, 500.0))["rest_for_target_us"] is None  # no target at 4
+    # bf16's step 2400 us: 2.5x is 960 us, under the rest alone; free seated kernels would not do
+    assert breakdown.analysis(_breakdown_row(1, 500.0) | {"bf16_step_ms": 2.4})["seated_ratio_for_target"] is None
+    assert "| out of reach / " in breakdown.table([_breakdown_row(8, 1000.0) | {"device": "H200", "commit": "0" * 7}])
+
+
+def test_breakdown_kinds_cover_every_committed_profile():
+    """In every profiled row of the committed tables' runs, each arm's kinds add up to its
+    profiled step, the seated arm's own kernels are seated kinds and bf16's are not, and the
+    kernels no kind names (ATen's copies and fills, those past the 25 longest) stay under 8% of
+    either arm's step (Qwen3.5's at one token: 6.7%)."""
+    from flashrt.bench import breakdown
+
+    rows = breakdown.committed_rows()
+    assert {(r["device"][:11], r["model"]) for r in rows} >= {
+        ("NVIDIA H200", "llama3-8b"),
+        ("NVIDIA H200", "qwen3-30b-a3b"),
+        ("NVIDIA H100", "qwen3-30b-a3b"),
+    }
+    for row in rows:
+        for arm in ("bf16_kernels", "ours_kernels"):
+            total = next(k for k in row[arm] if k["kernel"] == "all")
+            kinds = breakdown.by_kind(row[arm])
+            assert sum(kinds.values()) == pytest.approx(total["busy_us_per_step"] + total["idle_us_per_step"])
+            assert kinds["other"] < 0.08 * sum(kinds.values()), (row["source"], row["batch"], arm)
+        names = {k["kernel"] for k in row["ours_kernels"]}
+        assert all(breakdown.kind(n) in breakdown.SEATED for n in names if n.startswith(("nvfp4_", "moe_")))
+        assert not any(breakdown.kind(k["kernel"]) == "projections" for k in row["bf16_kernels"])
+        a = breakdown.analysis(row)
+        assert a["ceiling_seated_free"] > a["ceiling_at_byte_ratio"] > 1
+
+
+def test_the_docs_breakdown_is_the_committed_profiles():
+    """docs/benchmarks.md's tables of what the targets ask are ``python -m flashrt.bench breakdown``'s
+    output on the committed runs, character for character."""
+    from pathlib import Path
+
+    from flashrt.bench import breakdown
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md").read_text()
+    assert breakdown.table(breakdown.committed_rows()) in docs
+
+
+def test_breakdown_without_a_profile_names_the_fields_and_the_flag(tmp_path, capsys):
+    import json
+
+    from flashrt.bench import breakdown, merge
+
+    run = json.loads((merge.RESULTS / "h200-e2e-qwen35-7c5f6d1-l8-b4.json").read_text())
+    assert run["rows"] and not any(breakdown.profiled(r) for r in run["rows"])
+    assert breakdown.main([str(merge.RESULTS / "h200-e2e-qwen35-7c5f6d1-l8-b4.json")]) == 2
+    err = capsys.readouterr().err
+    assert "bf16_kernels, ours_kernels" in err and "--profile-batches" in err
+    assert breakdown.main([str(merge.RESULTS / "h200-e2e-llama-c8396f9-b1b8.json")]) == 0
+    out = capsys.readouterr().out
+    assert "| H200 | llama3-8b, 32 | 8 |" in out and "c8396f9" in out
