@@ -22,7 +22,7 @@ PYTEST_WORKERS := -n 2 --dist loadfile --no-loadscope-reorder
 # checkov's environment (67 s of one core's pip) is set up beside the main one, not after it.
 MAKEFLAGS += -j2
 
-.PHONY: setup demo test lint clean
+.PHONY: setup demo test lint images clean
 
 $(BIN)/.deps: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,12 @@ lint: setup
 
 test: setup lint $(CHECKOV_VENV)/bin/checkov $(VENV)/h200-triton/.installed
 	FLASHRT_CHECKOV=$(CHECKOV_VENV)/bin/checkov $(BIN)/python -m pytest -q $(PYTEST_WORKERS)
+
+# The Dockerfile's two images for amd64 and arm64 with buildah, each checked as a pod runs it; no
+# Docker engine or registry (deploy/build_images.py; root, and apt-get install buildah mmdebstrap
+# qemu-user-static). IMAGES_ARGS passes its options, e.g. --ca-bundle behind a TLS-intercepting proxy.
+images:
+	$(PYTHON) deploy/build_images.py $(IMAGES_ARGS)
 
 clean:
 	rm -rf $(VENV) $(CHECKOV_VENV) build *.egg-info

@@ -214,17 +214,17 @@ def test_images_are_pulled_by_digest_when_one_is_given():
 
 @pytest.mark.parametrize("arch", ["x86_64", "aarch64"])
 def test_the_operator_image_installs_from_wheels_alone_on_amd64_and_arm64(arch, tmp_path):
-    """The operator stage is ``python:3.12-slim`` with no compiler: every dependency of
+    """The operator stage is Debian bookworm's Python 3.11 with no compiler: every dependency of
     ``flashrt[operator]`` must exist as a binary wheel for amd64 and for arm64 (Jetson Thor
-    nodes), or the image would not build there. Resolved by pip for that platform, as the
-    Dockerfile's install does; no container engine is needed to know it."""
+    nodes), or the image would not build there (its install says ``--only-binary=:all:``).
+    Resolved by pip for that platform, as the Dockerfile's install does, without building it."""
     import sys
     import tomllib
 
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["operator"]
     platforms = [f"--platform={p}_{arch}" for p in ("manylinux2014", "manylinux_2_17", "manylinux_2_28")]
     done = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--python-version", "3.12",
+        [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--python-version", "3.11",
          "--implementation", "cp", *platforms, "-d", str(tmp_path), *extra],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
@@ -234,9 +234,53 @@ def test_the_operator_image_installs_from_wheels_alone_on_amd64_and_arm64(arch, 
     assert all(w.endswith("-none-any.whl") or arch in w for w in wheels), wheels
 
 
+def _stages() -> dict[str, dict]:
+    """The Dockerfile's stages by name: the image each starts from and its instructions."""
+    stages: dict[str, dict] = {}
+    for line in (ROOT / "Dockerfile").read_text().replace("\\\n", " ").splitlines():
+        words = line.split()
+        if words and words[0] == "FROM":
+            base, name = [w for w in words[1:] if not w.startswith("--")][::2]
+            stage = stages[name] = {"from": base, "platform": "--platform=$BUILDPLATFORM" in words}
+        elif words and not line.startswith("#") and stages:
+            stage.setdefault(words[0], []).append(line.split(maxsplit=1)[1])
+    return stages
+
+
+def test_every_image_starts_from_debian_or_scratch_so_one_archive_builds_both():
+    """Every stage starts from ``DEBIAN`` (debian:bookworm-slim), an earlier stage or nothing, so
+    that ``make images`` builds both images where only the Debian archive is reachable; the pure
+    Python stage runs on the builder's platform; both images run as the pod's user; and the
+    runtime image run bare does what the init container the webhook adds does."""
+    import json
+
+    from flashrt.operator.constants import BUNDLE_MOUNT
+    from flashrt.operator.inject import RESTRICTED_SECURITY_CONTEXT
+
+    text = (ROOT / "Dockerfile").read_text()
+    assert "ARG DEBIAN=debian:bookworm-slim" in text.splitlines()
+    stages = _stages()
+    assert set(stages) == {"build", "busybox", "runtime", "operator"}
+    for name, stage in stages.items():
+        earlier = list(stages)[: list(stages).index(name)]
+        assert stage["from"] in {"${DEBIAN}", "scratch", *earlier}, (name, stage["from"])
+        copied = [c.split()[0].removeprefix("--from=") for c in stage.get("COPY", []) if c.startswith("--from=")]
+        assert set(copied) <= set(earlier), (name, copied)
+    assert stages["build"]["platform"] and not stages["operator"]["platform"] and not stages["runtime"]["platform"]
+    uid = str(RESTRICTED_SECURITY_CONTEXT["runAsUser"])
+    for image in ("runtime", "operator"):
+        assert stages[image]["USER"] == [f"{uid}:{uid}"], image
+    runtime = stages["runtime"]
+    assert json.loads(runtime["CMD"][0]) == [BUNDLE_MOUNT]
+    build_images = _build_images()  # it checks each image as the pod runs it: the same folder and user
+    assert build_images.BUNDLE_MOUNT == BUNDLE_MOUNT and f"{uid}:{uid}" == build_images.POD_USER
+    assert json.loads(runtime["ENTRYPOINT"][0])[0] == "/bin/busybox"
+    assert "--only-binary=:all:" in " ".join(stages["operator"]["RUN"])
+
+
 def test_the_runtime_bundle_has_no_compiled_file_so_one_layer_serves_every_architecture(tmp_path):
-    """The runtime image is busybox plus the bundle. The bundle holding Python sources and
-    metadata alone is what makes the same layer right for amd64 and arm64."""
+    """The runtime image is a static busybox and the bundle. The bundle holding Python sources
+    and metadata alone is what makes the same layer right for amd64 and arm64."""
     import sys
 
     bundle = tmp_path / "bundle"
@@ -246,3 +290,45 @@ def test_the_runtime_bundle_has_no_compiled_file_so_one_layer_serves_every_archi
     assert any(p.name == "vllm_plugin.py" for p in files)
     compiled = {".so", ".pyd", ".dylib", ".a", ".o"}
     assert not [p for p in files if p.suffix in compiled or p.read_bytes()[:4] == b"\x7fELF"]
+
+
+def _build_images():
+    """``deploy/build_images.py`` (a script, run by the host's Python) as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("build_images", ROOT / "deploy" / "build_images.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_readme_s_install_command_pulls_the_images_make_images_pushes():
+    """The README's ``helm install`` sets what ``make images --push PREFIX`` prints for it, and
+    the chart pulls both images by the digests given: the operator's, and the runtime image the
+    webhook injects (a key renamed in the chart, or the script's names changed, fails here)."""
+    import re
+
+    build_images = _build_images()
+    readme = (ROOT / "README.md").read_text()
+    block = readme[readme.index("make images IMAGES_ARGS=") :].split("```")[0]
+    prefix = re.search(r'--push (\S+)"', block).group(1)
+    pushed = [
+        {"target": target, "repository": build_images.repository(prefix, target), "digest": "sha256:..."}
+        for target in build_images.CHECKS
+    ]
+    assert sorted(re.findall(r"--set \S+", block)) == sorted(build_images.chart_options(pushed))
+
+    digest = "sha256:" + "cd" * 32
+    values: dict = {}
+    for option in build_images.chart_options([p | {"digest": digest} for p in pushed]):
+        for assignment in option.removeprefix("--set ").split(","):
+            keys, value = assignment.split("=", 1)
+            *parents, last = keys.split(".")
+            node = values
+            for key in parents:
+                node = node.setdefault(key, {})
+            node[last] = value
+    deployment = next(d for d in render(values) if d["kind"] == "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == f"{prefix}/flashrt-operator@{digest}"
+    assert {"name": "FLASHRT_OPERATOR_RUNTIME_IMAGE", "value": f"{prefix}/flashrt-runtime@{digest}"} in container["env"]
