@@ -276,6 +276,14 @@ def test_every_image_starts_from_debian_or_scratch_so_one_archive_builds_both():
     assert build_images.BUNDLE_MOUNT == BUNDLE_MOUNT and f"{uid}:{uid}" == build_images.POD_USER
     assert json.loads(runtime["ENTRYPOINT"][0])[0] == "/bin/busybox"
     assert "--only-binary=:all:" in " ".join(stages["operator"]["RUN"])
+    # The build context is what .dockerignore lets through: every source a COPY names, and no more
+    # (not the virtual environments or bench/results/).
+    text = (ROOT / ".dockerignore").read_text()
+    lines = [line for line in text.splitlines() if line and not line.startswith("#")]
+    kept = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
+    from_context = [c for stage in stages.values() for c in stage.get("COPY", []) if not c.startswith("--from=")]
+    assert lines[0] == "*" and kept == {w.rstrip("/") for c in from_context for w in c.split()[:-1]}
+    assert "bench/results/" in lines
 
 
 def test_the_runtime_bundle_has_no_compiled_file_so_one_layer_serves_every_architecture(tmp_path):
