@@ -3,7 +3,7 @@
 #   docker buildx build --platform linux/amd64,linux/arm64 --target runtime  -t flashrt-runtime .
 #   docker buildx build --platform linux/amd64,linux/arm64 --target operator -t flashrt-operator .
 # `make images` builds both for both with buildah, no Docker engine or registry, on a base it
-# bootstraps from the Debian archive (deploy/build-images.sh); DEBIAN names that base.
+# bootstraps from the Debian archive (deploy/build_images.py); DEBIAN names that base.
 ARG DEBIAN=debian:bookworm-slim
 
 # The bundle and the wheel are pure Python, the same for every platform: buildx builds them once,
