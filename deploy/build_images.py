@@ -26,6 +26,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -34,7 +35,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "STORAGE_DRIVER": "vfs"}  # buildah's storage: vfs works in any container
-VERSION = "0.1.0"
+# The tag both images get: the chart's appVersion, the tag it pulls by default.
+VERSION = re.search(r"^appVersion:\s*\"?([^\"\s]+)", (ROOT / "deploy/helm/flashrt/Chart.yaml").read_text(), re.M)[1]
 ARCHES = ("amd64", "arm64")
 LOCAL_DEBIAN = "localhost/debian:bookworm-slim"
 # What debuerreotype's slimify leaves out of the official slim images (copyright files kept).
@@ -85,11 +87,7 @@ def bootstrap(arch: str, mirror: str, work: Path, fresh: bool) -> str:
     """Debian bookworm, ``minbase`` and slim, for ``arch`` as a local image (the one an earlier
     run made, unless ``fresh``); its name."""
     name = f"localhost/debian-{arch}:bookworm-slim"
-    if (
-        not fresh
-        and subprocess.run(["buildah", "inspect", "--type", "image", name], capture_output=True, env=ENV).returncode
-        == 0
-    ):
+    if not fresh and _exists(name):
         return name
     tar = work / f"debian-{arch}.tar"
     hooks = []
@@ -109,6 +107,12 @@ def bootstrap(arch: str, mirror: str, work: Path, fresh: bool) -> str:
     run("buildah", "commit", "-q", "--rm", container, name)
     tar.unlink()
     return name
+
+
+def _exists(image: str) -> bool:
+    return (
+        subprocess.run(["buildah", "inspect", "--type", "image", image], capture_output=True, env=ENV).returncode == 0
+    )
 
 
 def manifest(name: str, images: list[str]) -> None:
