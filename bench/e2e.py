@@ -49,7 +49,15 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from flashrt.bench import cache_preference, decode_attention, gated_delta, inductor_trigger, merge, router_topk
+from flashrt.bench import (
+    breakdown,
+    cache_preference,
+    decode_attention,
+    gated_delta,
+    inductor_trigger,
+    merge,
+    router_topk,
+)
 from flashrt.bench.kernels import provenance
 from flashrt.kernels import linear_mma_gluon, linear_mma_ws_gluon, moe_fused, ops
 from flashrt.runtime import SeatProfile, attach
@@ -1043,6 +1051,10 @@ def main(argv: list[str] | None = None) -> int:
     for model_name in {r["model"] for r in result["rows"]}:
         speedups = [r["speedup"] for r in result["rows"] if r["model"] == model_name]
         print(f"{model_name}: decode speedup geomean x{math.exp(sum(map(math.log, speedups)) / len(speedups)):.2f}")
+    provenance_of_rows = {"device": result["device"], "commit": result["commit"]}
+    profiled = [row | provenance_of_rows for row in result["rows"] if breakdown.profiled(row)]
+    if profiled:  # where each profiled step went, and what ratio it allows (bench/breakdown.py)
+        print(breakdown.table(profiled), end="")
     print(f"wrote {out}")
     return 0
 
