@@ -68,6 +68,17 @@ POD_USER = "65532:65532"
 COMPILERS = ("gcc", "cc", "c++", "clang", "make")
 
 
+# Each architecture as uname names the host's, and the binfmt_misc entry qemu-user-static
+# registers to run its binaries elsewhere.
+HOST_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
+BINFMT = {"amd64": "qemu-x86_64", "arm64": "qemu-aarch64"}
+
+
+def _emulated(arch: str) -> bool:
+    entry = Path("/proc/sys/fs/binfmt_misc") / BINFMT[arch]
+    return entry.exists() and entry.read_text().startswith("enabled")
+
+
 def expect(condition: bool, failure: str) -> None:
     """A check of a built image: its failure stops the build, saying what the image got."""
     if not condition:
@@ -260,6 +271,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{', '.join(missing)} not found: apt-get install buildah mmdebstrap qemu-user-static")
     if os.geteuid() != 0:
         parser.error("buildah's chroot isolation needs root")
+    if foreign := [arch for arch in arches if arch != HOST_ARCH.get(os.uname().machine) and not _emulated(arch)]:
+        parser.error(
+            f"--arches {','.join(foreign)}: this {os.uname().machine} host runs no {foreign[0]} binaries; "
+            "apt-get install qemu-user-static (binfmt_misc registers it), or leave it out of --arches"
+        )
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     changed = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
     commit += "-dirty" if changed.strip() else ""  # built from what is not that commit
