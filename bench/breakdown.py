@@ -121,7 +121,9 @@ def analysis(row: dict) -> dict:
     goal = target(row)
 
     def seated_ratio_for() -> float | None:
-        left = bf16_step / goal - rest if goal is not None else 0.0
+        if goal is None:
+            return None
+        left = bf16_step / goal - rest  # what the seated kernels may take
         return seated_bf16 / left if left > 0 else None
 
     def rest_for(step: float) -> float | None:
@@ -153,16 +155,17 @@ def analysis(row: dict) -> dict:
 
 
 def profiled_rows(paths: list[Path]) -> list[dict]:
-    """Each (model, layers, batch) that a run at ``paths`` profiled, from the first such run,
-    with its run's ``device``, ``commit`` and ``source`` (the file's name)."""
-    rows: dict[tuple, dict] = {}
+    """Each model, depth and batch (``plot_e2e.key``) that a run at ``paths`` profiled, from the
+    first such run (``merge.merged_rows``), with its run's ``device``, ``commit`` and ``source``
+    (the file's name)."""
+    from flashrt.bench import merge, plot_e2e
+
+    results = []
     for path in paths:
         run = json.loads(path.read_text())
-        for row in run["rows"]:
-            key = row["model"], row["layers"], row["batch"]
-            if profiled(row) and key not in rows:
-                rows[key] = row | {"device": run["device"], "commit": run["commit"], "source": path.name}
-    return list(rows.values())
+        provenance = {"device": run["device"], "commit": run["commit"], "source": path.name}
+        results.append({"rows": [row | provenance for row in run["rows"] if profiled(row)]})
+    return merge.merged_rows(results, plot_e2e.key)
 
 
 def _us(value: float | None) -> str:

@@ -192,11 +192,10 @@ def config(image: str) -> dict:
     return json.loads(run("buildah", "inspect", "--type", "image", image, capture=True))
 
 
-def in_image(image: str, command: list[str], *mounts: str) -> str:
-    """``command`` run in a container of ``image`` as its user (chroot isolation); its output."""
+def in_image(image: str, user: str, command: list[str], *mounts: str) -> str:
+    """``command`` run in a container of ``image`` as ``user`` (chroot isolation); its output."""
     container = run("buildah", "from", "--pull=never", image, capture=True).strip()
     try:
-        user = config(image)["OCIv1"]["config"].get("User", "")
         volumes = [arg for m in mounts for arg in ("-v", m)]
         isolation = ("--isolation", "chroot", "--user", user)
         return run("buildah", "run", *isolation, *volumes, container, "--", *command, capture=True)
@@ -211,7 +210,7 @@ def check_runtime(image: str) -> dict:
     expect(oci.get("User") == POD_USER, f"{image}: user {oci.get('User')}, the pod runs {POD_USER}")
     with tempfile.TemporaryDirectory() as folder:
         os.chmod(folder, 0o777)  # an emptyDir: writable by the pod's user
-        in_image(image, [*oci["Entrypoint"], BUNDLE_MOUNT], f"{folder}:{BUNDLE_MOUNT}")
+        in_image(image, oci["User"], [*oci["Entrypoint"], BUNDLE_MOUNT], f"{folder}:{BUNDLE_MOUNT}")
         files = {p.relative_to(folder).as_posix(): p for p in Path(folder).rglob("*") if p.is_file()}
         registrations = [p.read_text() for p in files.values() if p.name == "entry_points.txt"]
         registered = any("vllm.general_plugins" in text and "flashrt" in text for text in registrations)
@@ -226,11 +225,13 @@ def check_operator(image: str) -> dict:
     """kopf runs, the handlers import, as the pod's non-root user, and no compiler is on the path."""
     oci = config(image)["OCIv1"]["config"]
     expect(oci.get("User") == POD_USER, f"{image}: user {oci.get('User')}, the pod runs {POD_USER}")
-    kopf = in_image(image, [*oci["Entrypoint"], "--version"]).strip()
+    kopf = in_image(image, oci["User"], [*oci["Entrypoint"], "--version"]).strip()
     probe = "import os, flashrt.operator.handlers; print(os.getuid())"
-    uid = in_image(image, ["python3", "-c", probe]).strip()
+    uid = in_image(image, oci["User"], ["python3", "-c", probe]).strip()
     expect(uid == POD_USER.split(":")[0], f"{image}: ran as uid {uid}")
-    found = in_image(image, ["sh", "-c", f"for c in {' '.join(COMPILERS)}; do command -v $c; done; true"]).split()
+    found = in_image(
+        image, oci["User"], ["sh", "-c", f"for c in {' '.join(COMPILERS)}; do command -v $c; done; true"]
+    ).split()
     expect(not found, f"{image}: compilers on the path: {found}")
     return {"entrypoint": oci["Entrypoint"], "kopf": kopf, "uid": int(uid)}
 
