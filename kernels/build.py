@@ -37,7 +37,6 @@ from flashrt.kernels import (
     permute_steps,
     quantizer,
 )
-from flashrt.kernels.decode import next_power_of_2
 
 TARGETS = (90, 100, 110, 120)
 _ALIGNED_INTS = {
@@ -558,8 +557,6 @@ def builds() -> Iterator[Build]:
                 continue  # the GEMV down reads the checkpoint's layout
             consts = {"BLOCK_M": block_m, "E_POW2": 128, "WARPS": cfg["WARPS"], "STAGES": cfg["STAGES"]}
             consts |= {"FOLD_DOWN": ring_down, "CHUNKS": cfg.get("CHUNKS", 1), "LAYOUT": layout}
-            if cfg.get("DUO"):
-                consts |= {"DUO": True, "PAIRS_POW2": next_power_of_2(t * 8)}
             for pdl in (False, True) if ring_down else (False,):  # the gate_up lets a PDL ring down start
                 for waits in (False, True):  # launched with PDL itself (PDL_GATE_UP)
                     gate_up = consts | {"TRIGGER": pdl, "PDL": waits}

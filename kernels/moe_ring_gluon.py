@@ -122,19 +122,6 @@ def _tile_pairs(sorted_pairs_ptr, row_start, offs, valid_end):
 
 
 @gluon.jit
-def _duo(topk_ids_ptr, pair, expert, pairs, PAIRS_POW2: gl.constexpr, WARPS: gl.constexpr):
-    """Pair ``pair``'s program in the gate_up by expert pairs (``DUO``): the next pair of its
-    expert (``PAIRS_POW2`` if none), and whether the program leads, its rank among its expert's
-    pairs even: a leader reads the expert once for both, the other program has no steps. Every
-    program ranks all the pairs itself, so there is no grouping launch."""
-    offs = gl.arange(0, PAIRS_POW2, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
-    same = gl.load(topk_ids_ptr + offs, mask=offs < pairs, other=-1) == expert
-    rank = gl.sum((same & (offs < pair)).to(gl.int32), axis=0)
-    partner = gl.min(gl.where(same & (offs > pair), offs, PAIRS_POW2), axis=0)
-    return partner, rank % 2 == 0
-
-
-@gluon.jit
 def moe_gate_up_ring_kernel(
     hidden_ptr,
     words_ptr,
@@ -168,8 +155,6 @@ def moe_gate_up_ring_kernel(
     LAYOUT: gl.constexpr,
     TRIGGER: gl.constexpr,
     PDL: gl.constexpr = False,
-    DUO: gl.constexpr = False,
-    PAIRS_POW2: gl.constexpr = 1,
 ):
     """``h[pair, rows] = silu(gate_e @ x_t) * (up_e @ x_t)``, e and t the pair's expert and token;
     weight words and scale words (int32) by expert, row. ``BLOCK_M == 1``: one program a pair
@@ -182,14 +167,11 @@ def moe_gate_up_ring_kernel(
     nothing). ``CHUNKS > 1`` (one
     program a pair): the rows cut in chunks of K as ``linear_mma_gluon``'s, chunk c of the
     pair's token in MMA column c, ``16 * WARPS / CHUNKS`` gate rows and as many up rows a
-    program (``chunk_words`` and ``chunk_scales`` int32 words a chunk). ``DUO`` (one program a
-    pair): two pairs of one expert a program (``_duo``), the second's chunks in the MMA columns
-    after the first's, the columns one token's chunks leave empty; ``PAIRS_POW2`` the pairs
-    rounded up to a power of 2."""
+    program (``chunk_words`` and ``chunk_scales`` int32 words a chunk)."""
     HALF: gl.constexpr = 16 * WARPS  # a row tile of gate rows, then one of up rows
     ROWS: gl.constexpr = HALF // CHUNKS  # gate rows a program, and as many up rows
     BLOCK_K: gl.constexpr = 32 * V
-    RING_M: gl.constexpr = (2 if DUO else BLOCK_M) * CHUNKS  # the ring's columns: pairs, or their chunks
+    RING_M: gl.constexpr = BLOCK_M * CHUNKS  # the ring's columns: pairs, or the chunks of one
     MMA_M: gl.constexpr = mma_tokens(RING_M)
     SCALES: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, words_layout(2, WARPS)))
     WORDS_COPY: gl.constexpr = words_copy_layout(WARPS)
@@ -200,14 +182,7 @@ def moe_gate_up_ring_kernel(
     pid_n, pid_m = gl.program_id(0), gl.program_id(1)
     xr = gl.arange(0, 4 * RING_M, layout=gl.SliceLayout(1, ACTS_COPY))
     xc = gl.arange(0, 8 * V, layout=gl.SliceLayout(0, ACTS_COPY))
-    if DUO:
-        expert = gl.load(topk_ids_ptr + pid_m).to(gl.int64)
-        partner, leads = _duo(topk_ids_ptr, pid_m, expert, gl.num_programs(1), PAIRS_POW2, WARPS)
-        second = xr >= 4 * CHUNKS
-        x_valid = ~second | (partner < gl.num_programs(1))
-        x_tokens = gl.where(second & x_valid, partner, pid_m) // TOP_K
-        steps = (K // CHUNKS // BLOCK_K) * leads.to(gl.int32)
-    elif BLOCK_M == 1:
+    if BLOCK_M == 1:
         expert = gl.load(topk_ids_ptr + pid_m).to(gl.int64)
         x_tokens = pid_m // TOP_K + xr // (4 * CHUNKS)
         x_valid = xr < 4 * CHUNKS
@@ -230,7 +205,7 @@ def moe_gate_up_ring_kernel(
     scale_off = gl.expand_dims(scale_rows, 1) + gl.expand_dims(st, 0)
     x_off = _activation_offsets(x_tokens, xr, xc, stride_xm)
     if CHUNKS > 1:
-        x_off += gl.expand_dims((xr // 4 % CHUNKS) * (8 * chunk_words), 1)  # ring row xr reads chunk xr // 4 % CHUNKS
+        x_off += gl.expand_dims((xr // 4) * (8 * chunk_words), 1)  # ring row xr reads chunk xr // 4
     x_mask = gl.expand_dims(x_valid, 1)
 
     acc = _ring_product(
@@ -250,8 +225,8 @@ def moe_gate_up_ring_kernel(
         LAYOUT=LAYOUT,
         TRIGGER=TRIGGER,
     )  # [2 * HALF, MMA_M]: gate rows, then up rows; a column a pair (or a chunk of the pair)
-    if CHUNKS > 1 or DUO:
-        acc = _sum_chunks(acc, RING_M, CHUNKS, WARPS)  # [2 * ROWS, MMA_M / CHUNKS]: column 0 the pair
+    if CHUNKS > 1:
+        acc = _sum_chunks(acc, CHUNKS, CHUNKS, WARPS)  # [2 * ROWS, MMA_M / CHUNKS]: column 0 the pair
         both = gl.permute(gl.reshape(acc, (2, ROWS, MMA_M // CHUNKS)), (1, 2, 0))
         both = gl.convert_layout(both, gl.BlockedLayout([1, 1, 2], [32, 1, 1], [WARPS, 1, 1], [2, 1, 0]))
     else:
@@ -263,10 +238,7 @@ def moe_gate_up_ring_kernel(
     H: gl.constexpr = gate.type.layout
     offs_n = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, H))
     column = gl.arange(0, MMA_M // CHUNKS, layout=gl.SliceLayout(0, H))
-    if DUO:
-        pairs = gl.where(column == 0, pid_m, partner)
-        column_valid = ((column == 0) | ((column == 1) & (partner < gl.num_programs(1)))) & leads
-    elif BLOCK_M == 1:
+    if BLOCK_M == 1:
         pairs = pid_m + column * 0
         column_valid = column < 1
     else:
@@ -545,13 +517,6 @@ def launch(
             f"one program a pair: needs GROUPED=0 and hidden a multiple of {chunks * BLOCK_K}, got "
             f"GROUPED={config['GROUPED']} and {k}; use CHUNKS=1"
         )
-    duo = config.get("DUO", 0)
-    if duo and (config["GROUPED"] or chunks > 4):
-        raise ValueError(
-            f"DUO: two pairs of one expert a program take a pair's program (GROUPED=0) and twice its "
-            f"chunks in the MMA's 8 columns (CHUNKS <= 4), got GROUPED={config['GROUPED']} and CHUNKS={chunks}; "
-            "use DUO=0"
-        )
     chunk_words = words_per_chunk(k, chunks)
     pdl = ring_down and launch_pdl(PDL_DOWN)
     gate_up_pdl = launch_pdl(PDL_GATE_UP)
@@ -586,8 +551,6 @@ def launch(
         LAYOUT=layout,
         TRIGGER=pdl,
         PDL=gate_up_pdl,
-        DUO=bool(duo),
-        PAIRS_POW2=next_power_of_2(pairs) if duo else 1,
         num_warps=config["WARPS"],
         launch_pdl=gate_up_pdl,
     )
@@ -774,14 +737,6 @@ def ring_stages(t: int) -> tuple[int, ...]:
     return WIDE_TILE_STAGES if t >= WIDE_TILE else UNCHUNKED_STAGES
 
 
-# The gate_up by expert pairs (``DUO``): where tokens share experts (8 tokens route 64 pairs to
-# about 52 of Qwen3-30B's 128 experts, uniformly routed), a program takes two pairs of one expert
-# and reads it once, the second pair's chunks in the MMA columns one pair's leave empty. With the
-# slot down's 64-row programs, which won at 2-8 tokens (``SLOT_DOWN_WARPS``).
-DUO_FROM = 2
-DUO_DOWN_WARPS = 4
-
-
 # Rows the ring forms are offered to; past them the grouped Triton form (``moe_fused``). Up to 16
 # first: past that the e2e band sweep found the packed bank a loss, which was ``moe_fused``'s, not
 # the ring's: Qwen3-30B's full step on the H200 at 24 and 32 rows took 15.2 and 17.6 ms packed
@@ -872,22 +827,6 @@ def configs(t: int, n: int, k: int) -> list[dict]:
             if k % (chunks * BLOCK_K) == 0
             for warps in (1, 2)
             for down_warps in SLOT_DOWN_WARPS
-            for stages in CHUNK_STAGES
-        ]
-    if n % BLOCK_K == 0 and DUO_FROM <= t <= SLOTS_UPTO:
-        offered += [
-            {
-                "GROUPED": 0,
-                "WARPS": warps,
-                "STAGES": stages,
-                "CHUNKS": chunks,
-                "DUO": 1,
-                "DOWN_WARPS": DUO_DOWN_WARPS,
-                "DOWN_SLOTS": 1,
-            }
-            for chunks in GATE_UP_CHUNKS
-            if k % (chunks * BLOCK_K) == 0
-            for warps in (1, 2)
             for stages in CHUNK_STAGES
         ]
     return offered

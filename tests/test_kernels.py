@@ -1762,10 +1762,7 @@ def test_ring_expert_chunks_and_slots_are_offered_to_few_tokens_and_launched_wit
     e, n, k, top_k, t = 6, 512, 2048, 3, 2
     for tokens in (1, 4, 8, 9, 16):
         slotted = [c for c in moe_ring_gluon.configs(tokens, n, k) if "DOWN_SLOTS" in c]
-        duos = [c for c in slotted if c.get("DUO")]
-        assert len(slotted) - len(duos) == (24 if tokens <= moe_ring_gluon.SLOTS_UPTO else 0)
-        assert len(duos) == (12 if moe_ring_gluon.DUO_FROM <= tokens <= moe_ring_gluon.SLOTS_UPTO else 0)
-        assert {c["DOWN_WARPS"] for c in duos} <= {moe_ring_gluon.DUO_DOWN_WARPS}
+        assert len(slotted) == (24 if tokens <= moe_ring_gluon.SLOTS_UPTO else 0)
         assert {c["DOWN_WARPS"] for c in slotted} == (set(moe_ring_gluon.SLOT_DOWN_WARPS) if slotted else set())
         assert {c["STAGES"] for c in slotted} == (set(moe_ring_gluon.CHUNK_STAGES) if slotted else set())
         assert not any("DOWN_STAGES" in c for c in slotted), "the down's ring as deep as the gate_up's"
@@ -1777,7 +1774,6 @@ def test_ring_expert_chunks_and_slots_are_offered_to_few_tokens_and_launched_wit
         (1, 1, 2, {}),
         (2, 2, 1, {"DOWN_STAGES": 3}),
         (8, 1, 1, {"DOWN_ROW_TILES": 2}),
-        (4, 2, 4, {"DUO": 1}),
     ):
         calls.clear()
         out = torch.zeros_like(hidden)
@@ -1790,8 +1786,6 @@ def test_ring_expert_chunks_and_slots_are_offered_to_few_tokens_and_launched_wit
         chunk_words = k // chunks // 8 if chunks > 1 else 0
         assert up_args[-2:] == (chunk_words, chunk_words // 8) and up_kwargs["CHUNKS"] == chunks
         assert up_kwargs["FOLD_DOWN"] is True and up_kwargs["BLOCK_M"] == 1
-        duo = "DUO" in down  # a pair's program still, the pairs counted in a power of 2
-        assert (up_kwargs["DUO"], up_kwargs["PAIRS_POW2"]) == ((True, 8) if duo else (False, 1))
         row_tiles, stages = down.get("DOWN_ROW_TILES", 1), down.get("DOWN_STAGES", 4)
         assert grid == (triton.cdiv(k, 16 * row_tiles * down_warps // 4), t) and kwargs["SLOTS"] == 4
         assert args[0] is up_args[10] and args[4] is out and torch.equal(args[3], ids.reshape(-1))
@@ -1804,10 +1798,6 @@ def test_ring_expert_chunks_and_slots_are_offered_to_few_tokens_and_launched_wit
         moe_ring_gluon.launch(hidden, *banks, ids, weights, out, slots | {"GROUPED": 1, "CHUNKS": 4}, False)
     with pytest.raises(ValueError, match=r"CHUNKS=8.*multiple of 2048.*1024"):
         moe_ring_gluon.launch(hidden[:, :1024], *banks, ids, weights, out, slots | {"CHUNKS": 8}, False)
-    with pytest.raises(ValueError, match=r"DUO.*GROUPED=0.*CHUNKS <= 4.*got GROUPED=0 and CHUNKS=8.*DUO=0"):
-        moe_ring_gluon.launch(hidden, *banks, ids, weights, out, slots | {"CHUNKS": 8, "DUO": 1}, False)
-    with pytest.raises(ValueError, match=r"DUO.*got GROUPED=1 and CHUNKS=1"):
-        moe_ring_gluon.launch(hidden, *banks, ids, weights, out, slots | {"GROUPED": 1, "DUO": 1}, False)
     many = torch.arange(9).repeat(t, 1)
     with pytest.raises(ValueError, match=r"DOWN_SLOTS.*top_k <= 8, got 9.*DOWN_SPLIT"):
         moe_ring_gluon.launch(hidden, *banks, many, weights.repeat(1, 3), out, slots, False)
@@ -1830,8 +1820,7 @@ def test_ring_expert_chunks_and_slots_match_reference(t, top_k, device):
     ref = ops.moe_reference(hidden, gu, dn, ids, weights).double()
     configs = [c for c in moe_ring_gluon.configs(t, n, k) if "DOWN_SLOTS" in c]
     configs += [{"GROUPED": 0, "WARPS": w, "STAGES": 4, "CHUNKS": 8, "DOWN_WARPS": 1, "DOWN_SLOTS": 1} for w in (1, 2)]
-    duos = 6 * len(moe_ring_gluon.CHUNK_STAGES) if t >= moe_ring_gluon.DUO_FROM else 0  # 3-5 pairs an expert at 8
-    assert len(configs) == 6 * len(moe_ring_gluon.SLOT_DOWN_WARPS) * len(moe_ring_gluon.CHUNK_STAGES) + duos + 2
+    assert len(configs) == 6 * len(moe_ring_gluon.SLOT_DOWN_WARPS) * len(moe_ring_gluon.CHUNK_STAGES) + 2
     for config in configs:
         out = torch.full_like(hidden, float("nan"))
         moe_ring_gluon.launch(hidden, *_tuples(gu, dn), ids, weights, out, config, False)
