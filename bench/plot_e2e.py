@@ -15,6 +15,13 @@ from pathlib import Path
 from flashrt.bench import merge
 
 DEFAULT_RESULTS = [  # every arm with vLLM's merged projections, torch.compile's PDL from 0d80628 on
+    # 59198e0: the K-warps form (sessions 62-64) and the H100's later kernels, one batch a run,
+    # each profiled (the gate_up by expert pairs it offered was never chosen, and reverted)
+    merge.RESULTS / "h200-e2e-llama-59198e0-b8.json",
+    merge.RESULTS / "h200-e2e-llama-59198e0-b1.json",
+    merge.RESULTS / "h200-e2e-qwen3-59198e0-b8.json",
+    merge.RESULTS / "h200-e2e-qwen3-59198e0-b4.json",
+    merge.RESULTS / "h200-e2e-qwen3-59198e0-b1.json",
     # c8396f9: every model on session 47's decode-attention tiles (64-key steps from 32 pairs,
     # e2066cb; no merge at one split, f77dad6) and session 49's step; Qwen3.5 at full depth, one
     # batch a run (2ec40d9: c8396f9's code, a test's fix apart)
