@@ -71,10 +71,11 @@ def kind(kernel: str) -> str:
 def profiled(row: dict) -> bool:
     """Whether ``row`` carries both arms' step profiles with each kernel's overlapped time (runs
     from fb627dc on; earlier profiles summed kernels as if they ran alone)."""
+    profiles = [row.get(arm) or [] for arm in ("bf16_kernels", "ours_kernels")]
     return all(
-        any(k["kernel"] == "all" for k in row.get(arm) or [{"kernel": None}])
-        and all("overlapped_us_per_step" in k for k in row[arm] if k["kernel"] != "all")
-        for arm in ("bf16_kernels", "ours_kernels")
+        any(k["kernel"] == "all" for k in profile)
+        and all("overlapped_us_per_step" in k for k in profile if k["kernel"] != "all")
+        for profile in profiles
     )
 
 
@@ -154,17 +155,20 @@ def analysis(row: dict) -> dict:
     }
 
 
+def run_rows(run: dict, **tags: str) -> list[dict]:
+    """The rows an e2e result ``run`` profiled, each with its run's ``device`` and ``commit`` (and
+    ``tags``), as ``table`` reads them."""
+    provenance = {"device": run["device"], "commit": run["commit"], **tags}
+    return [row | provenance for row in run["rows"] if profiled(row)]
+
+
 def profiled_rows(paths: list[Path]) -> list[dict]:
     """Each model, depth and batch (``plot_e2e.key``) that a run at ``paths`` profiled, from the
     first such run (``merge.merged_rows``), with its run's ``device``, ``commit`` and ``source``
     (the file's name)."""
     from flashrt.bench import merge, plot_e2e
 
-    results = []
-    for path in paths:
-        run = json.loads(path.read_text())
-        provenance = {"device": run["device"], "commit": run["commit"], "source": path.name}
-        results.append({"rows": [row | provenance for row in run["rows"] if profiled(row)]})
+    results = [{"rows": run_rows(json.loads(path.read_text()), source=path.name)} for path in paths]
     return merge.merged_rows(results, plot_e2e.key)
 
 

@@ -1051,8 +1051,7 @@ def main(argv: list[str] | None = None) -> int:
     for model_name in {r["model"] for r in result["rows"]}:
         speedups = [r["speedup"] for r in result["rows"] if r["model"] == model_name]
         print(f"{model_name}: decode speedup geomean x{math.exp(sum(map(math.log, speedups)) / len(speedups)):.2f}")
-    provenance_of_rows = {"device": result["device"], "commit": result["commit"]}
-    profiled = [row | provenance_of_rows for row in result["rows"] if breakdown.profiled(row)]
+    profiled = breakdown.run_rows(result)
     if profiled:  # where each profiled step went, and what ratio it allows (bench/breakdown.py)
         print(breakdown.table(profiled), end="")
     print(f"wrote {out}")

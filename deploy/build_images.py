@@ -203,11 +203,17 @@ def in_image(image: str, user: str, command: list[str], *mounts: str) -> str:
         run("buildah", "rm", container, capture=True)
 
 
+def pod_config(image: str) -> dict:
+    """``image``'s OCI config, once it is checked to run as the pod's user."""
+    oci = config(image)["OCIv1"]["config"]
+    expect(oci.get("User") == POD_USER, f"{image}: user {oci.get('User')}, the pod runs {POD_USER}")
+    return oci
+
+
 def check_runtime(image: str) -> dict:
     """The runtime image's entrypoint, run as the init container runs it, fills an empty folder
     with the runtime package and the plugin's registration, and nothing compiled."""
-    oci = config(image)["OCIv1"]["config"]
-    expect(oci.get("User") == POD_USER, f"{image}: user {oci.get('User')}, the pod runs {POD_USER}")
+    oci = pod_config(image)
     with tempfile.TemporaryDirectory() as folder:
         os.chmod(folder, 0o777)  # an emptyDir: writable by the pod's user
         in_image(image, oci["User"], [*oci["Entrypoint"], BUNDLE_MOUNT], f"{folder}:{BUNDLE_MOUNT}")
@@ -223,8 +229,7 @@ def check_runtime(image: str) -> dict:
 
 def check_operator(image: str) -> dict:
     """kopf runs, the handlers import, as the pod's non-root user, and no compiler is on the path."""
-    oci = config(image)["OCIv1"]["config"]
-    expect(oci.get("User") == POD_USER, f"{image}: user {oci.get('User')}, the pod runs {POD_USER}")
+    oci = pod_config(image)
     kopf = in_image(image, oci["User"], [*oci["Entrypoint"], "--version"]).strip()
     probe = "import os, flashrt.operator.handlers; print(os.getuid())"
     uid = in_image(image, oci["User"], ["python3", "-c", probe]).strip()
