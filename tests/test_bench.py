@@ -1,6 +1,8 @@
 """The end-to-end benchmark measures the computation a serving engine runs: its decode step
 (the one captured in a CUDA graph on the GPU) must produce ``generate()``'s greedy tokens."""
 
+import random
+
 import pytest
 import torch
 from flashrt.bench import e2e, inductor_trigger
@@ -1065,6 +1067,20 @@ def test_the_norm_bound_probe_leaves_out_only_what_it_names_and_puts_it_back():
     with torch.no_grad():
         assert torch.equal(model(ids).logits, served)
     assert calls == {"norm": 4, "act": 2}
+
+
+def test_the_norm_bound_probe_takes_each_ratio_against_its_own_bf16_arm():
+    """The served ratio from the mean of the two served arms, each left-out arm's from its own
+    step, all against the bf16 step measured first in the same process."""
+    from flashrt.bench import probe_norm_bound
+
+    bf16, steps = random.uniform(3, 5), [random.uniform(1.5, 2.5) for _ in range(4)]
+    arms = ["served", "no add-norm", "no add-norm, no activation", "served"]
+    rows = [{"arm": "bf16", "step_ms": bf16}] + [{"arm": a, "step_ms": s} for a, s in zip(arms, steps, strict=True)]
+    assert probe_norm_bound.bounds(rows) == pytest.approx(
+        {"served": 2 * bf16 / (steps[0] + steps[3]), "no add-norm": bf16 / steps[1], arms[2]: bf16 / steps[2]}
+    )
+    assert list(probe_norm_bound.bounds(rows[:2])) == ["served"]
 
 
 def _profile(kernels: dict[str, tuple[float, float]], idle: float) -> list[dict]:
