@@ -94,10 +94,21 @@ def run(*args: str, capture: bool = False, **kwargs) -> str:
     return done.stdout or ""
 
 
+def debian_image(arch: str) -> str:
+    """The local name ``bootstrap`` gives the base for ``arch``."""
+    return f"localhost/debian-{arch}:bookworm-slim"
+
+
+def local_image(target: str, arch: str | None = None) -> str:
+    """The local name of the Dockerfile's ``target``: one architecture's build, or without
+    ``arch`` the multi-arch list of them that ``push`` pushes."""
+    return f"localhost/flashrt-{target}:{VERSION}" + (f"-{arch}" if arch else "")
+
+
 def bootstrap(arch: str, mirror: str, work: Path, fresh: bool) -> str:
     """Debian bookworm, ``minbase`` and slim, for ``arch`` as a local image (the one an earlier
     run made, unless ``fresh``); its name."""
-    name = f"localhost/debian-{arch}:bookworm-slim"
+    name = debian_image(arch)
     if not fresh and _exists(name):
         return name
     tar = work / f"debian-{arch}.tar"
@@ -136,7 +147,7 @@ def manifest(name: str, images: list[str]) -> None:
 
 def build(target: str, arch: str, debian: str, ca_bundle: Path | None, work: Path) -> str:
     """The Dockerfile's ``target`` for ``arch``; the local image's name."""
-    name = f"localhost/flashrt-{target}:{VERSION}-{arch}"
+    name = local_image(target, arch)
     mounts = []
     if ca_bundle is not None:
         conf = work / "pip.conf"
@@ -173,7 +184,7 @@ def push(target: str, prefix: str, insecure: bool, work: Path) -> dict:
     digest = work / f"{target}.digest"
     run(
         "buildah", "manifest", "push", "--all", f"--tls-verify={str(not insecure).lower()}",
-        "--digestfile", str(digest), f"localhost/flashrt-{target}:{VERSION}", f"docker://{reference}",
+        "--digestfile", str(digest), local_image(target), f"docker://{reference}",
     )  # fmt: skip
     return {
         "target": target,
@@ -293,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
             debian = LOCAL_DEBIAN
         for target, check in CHECKS.items():
             images = [build(target, arch, debian, args.ca_bundle, Path(work)) for arch in arches]
-            manifest(f"localhost/flashrt-{target}:{VERSION}", images)
+            manifest(local_image(target), images)
             built += [record(image, arch, check(image)) for image, arch in zip(images, arches, strict=True)]
         pushed = [push(target, args.push, args.insecure, Path(work)) for target in CHECKS] if args.push else []
     result = {
@@ -302,9 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         "buildah": run("buildah", "--version", capture=True).strip(),
         "host": os.uname().machine,
         "debian": args.debian or f"bookworm minbase, slim, from {args.mirror} (mmdebstrap)",
-        "debian_images": {arch: _created(f"localhost/debian-{arch}:bookworm-slim") for arch in arches}
-        if args.debian is None
-        else {},
+        "debian_images": {arch: _created(debian_image(arch)) for arch in arches} if args.debian is None else {},
         "images": built,
         "pushed": pushed,
     }
