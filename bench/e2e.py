@@ -60,7 +60,7 @@ from flashrt.bench import (
 )
 from flashrt.bench.kernels import provenance
 from flashrt.kernels import linear_mma_gluon, linear_mma_ws_gluon, moe_fused, ops
-from flashrt.runtime import SeatProfile, attach
+from flashrt.runtime import SeatProfile, attach, fusion
 from flashrt.runtime.profile import from_env
 from flashrt.runtime.seats import _is_expert_bank, _with_band
 
@@ -675,14 +675,17 @@ def prompts_for(model: torch.nn.Module, batch: int) -> torch.Tensor:
     return torch.randint(0, model.config.vocab_size, (batch, PROMPT), device="cuda")
 
 
-def compile_as_runs_do(inductor_pdl: bool, inductor_configs: str = "autotune") -> None:
+def compile_as_runs_do(inductor_pdl: bool, inductor_configs: str = "autotune", fuse_silu_mul: bool = True) -> None:
     """torch.compile's settings for a run: dynamo keeps a program for every batch and arm (each
     batch is compiled afresh, ``batch_program``), inductor launches its kernels with PDL where
     ``inductor_pdl`` (its ``triton.enable_pdl``, on torches that have it) and picks their configs
     as ``inductor_configs`` says (``INDUCTOR_CONFIGS``; ``heuristic`` needs
-    ``heuristic_configs_available``)."""
+    ``heuristic_configs_available``); ``fuse_silu_mul``: the seated gate-and-up projections take
+    the SiLU-and-mul after them into their epilogue (``fusion.SiluMulPass``; the bf16 arm has no
+    seats, so nothing to rewrite)."""
     from torch._inductor import config as inductor
 
+    inductor.post_grad_custom_post_pass = fusion.SiluMulPass() if fuse_silu_mul else None
     torch._dynamo.config.cache_size_limit = 64
     if hasattr(inductor.triton, "enable_pdl"):
         inductor.triton.enable_pdl = inductor_pdl
@@ -904,6 +907,7 @@ def _on_gpus(names: list[str], args, out: Path, result: dict) -> None:
     rest += ["--inductor-pdl", args.inductor_pdl] if args.inductor_pdl else []
     rest += ["--inductor-trigger", args.inductor_trigger, "--tune-after-us", str(args.tune_after_us)]
     rest += ["--pdl-arms", args.pdl_arms, "--inductor-configs", args.inductor_configs]
+    rest += ["--fuse-silu-mul", args.fuse_silu_mul]
     queues = [names[i::gpus] for i in range(gpus)]
     procs = []
     for gpu, queue in enumerate(queues):
@@ -987,6 +991,13 @@ def main(argv: list[str] | None = None) -> int:
         "kernel by inductor's deterministic heuristic, the same in every process, or timed further around the "
         "first pick by coordinate descent, which also fuses matrix-vector products (INDUCTOR_CONFIGS)",
     )
+    parser.add_argument(
+        "--fuse-silu-mul",
+        choices=("on", "off"),
+        default="on",
+        help="the seated gate-and-up projections take the SiLU-and-mul after them into their epilogue "
+        "(runtime/fusion.py's post-grad pass, as the vLLM plugin installs it)",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -1017,7 +1028,7 @@ def main(argv: list[str] | None = None) -> int:
             "test_configs.force_filter_reduction_configs; use autotune"
         )
         return 2
-    compile_as_runs_do(inductor_pdl, args.inductor_configs)
+    compile_as_runs_do(inductor_pdl, args.inductor_configs, args.fuse_silu_mul == "on")
     if args.inductor_trigger == "wait":
         inductor_trigger.install()
     ops.SERVED_AFTER_US = args.tune_after_us
@@ -1036,6 +1047,7 @@ def main(argv: list[str] | None = None) -> int:
         "tuned_after_us": args.tune_after_us,
         "pdl_arms": args.pdl_arms if inductor_pdl else "off",
         "inductor_configs": args.inductor_configs,
+        "fuse_silu_mul": args.fuse_silu_mul == "on",
         "router_logits_max_tokens": router_topk.LOGITS_MAX_TOKENS,
         "models": [],
         "rows": [],

@@ -16,7 +16,7 @@ from flashrt.kernels.nvfp4 import (
     to_compressed_tensors,
     to_modelopt,
 )
-from flashrt.kernels.ops import linear, linear_reference, moe, moe_reference
+from flashrt.kernels.ops import linear, linear_reference, linear_silu_mul, moe, moe_reference
 
 __all__ = [
     "NVFP4Weight",
@@ -26,6 +26,7 @@ __all__ = [
     "from_modelopt",
     "linear",
     "linear_reference",
+    "linear_silu_mul",
     "moe",
     "moe_reference",
     "quantize",

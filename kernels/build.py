@@ -447,16 +447,19 @@ def builds() -> Iterator[Build]:
             warps = cfg["WARPS_N"] * cfg["WARPS_K"]
             yield from unique(Build("linear_gemv_gluon", fn, sig, consts, warps, 1))
         for cfg, layout in product(linear_mma_gluon.configs(m, 4096, 4096), linear_mma_gluon.LAYOUTS):
-            for fold, pdl in product(_folds(cfg), (False, True)):
+            for fold, pdl, silu_mul in product(_folds(cfg), (False, True), (False, True)):
+                if fold and silu_mul:  # a SiLU-and-mul launch's splits are reduced, never folded
+                    continue
                 consts = {"HAS_BIAS": False, "CHUNKS": 1, "LAYOUT": layout, "FOLD": fold, "PDL": pdl} | cfg
+                consts |= {"SILU_MUL": silu_mul}
                 consts |= _one_token(m)
                 sig, consts = _split_build(_MMA_GLUON_SIG, consts, cfg.get("SPLIT_K", 1))
                 fn = linear_mma_gluon.nvfp4_linear_mma_gluon_kernel
                 yield from unique(Build("linear_mma_gluon", fn, sig, consts, cfg["WARPS"], 1))
-        for cfg, layout, pdl in product(
-            linear_k_warps_gluon.configs(m, 4096, 4096), linear_k_warps_gluon.LAYOUTS, (False, True)
+        for cfg, layout, pdl, silu_mul in product(
+            linear_k_warps_gluon.configs(m, 4096, 4096), linear_k_warps_gluon.LAYOUTS, (False, True), (False, True)
         ):
-            consts = {"HAS_BIAS": False, "LAYOUT": layout, "PDL": pdl} | cfg
+            consts = {"HAS_BIAS": False, "LAYOUT": layout, "PDL": pdl, "SILU_MUL": silu_mul} | cfg
             fn = linear_k_warps_gluon.nvfp4_linear_k_warps_gluon_kernel
             warps = cfg["K_WARPS"] * cfg["ROW_WARPS"]
             yield from unique(
@@ -519,10 +522,13 @@ def builds() -> Iterator[Build]:
                     1,
                 )
             )
-    for (has_scale, has_bias), block, pdl in product(
-        ((True, False), (True, True), (False, False)), linear_mma.REDUCE_BLOCKS, (False, True)
+    for (has_scale, has_bias, silu_mul), block, pdl in product(
+        ((True, False, False), (True, True, False), (False, False, False), (True, False, True)),
+        linear_mma.REDUCE_BLOCKS,
+        (False, True),
     ):
         consts = {"SPLIT_K": 4, "HAS_SCALE": has_scale, "HAS_BIAS": has_bias, "BLOCK": block, "PDL": pdl}
+        consts |= {"SILU_MUL": silu_mul}
         fn = linear_mma.splitk_reduce_kernel
         yield from unique(Build("splitk_reduce", fn, _with_constexprs(_SPLITK_REDUCE_SIG, consts), consts, 4, 1))
     dequants = linear_dequant.configs(linear_dequant.MIN_ROWS, 4096, 4096)

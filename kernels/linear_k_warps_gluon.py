@@ -72,13 +72,16 @@ def acts_layout(block_m, k_warps, row_warps):
 
 
 @gluon.jit
-def _ring_rows(j, pid_n, N, stride, chunk, K_WARPS: gl.constexpr, ROW_WARPS: gl.constexpr):
+def _ring_rows(
+    j, pid_n, N, stride, chunk, K_WARPS: gl.constexpr, ROW_WARPS: gl.constexpr, SILU_MUL: gl.constexpr = False
+):  # fmt: skip
     """Where ring row ``j`` starts: ``words_layout(1, K_WARPS x ROW_WARPS)`` puts row ``r + 16 w``
     on warp ``w``, which takes chunk ``w // ROW_WARPS`` of the program's rows ``16 (w % ROW_WARPS)
-    + r`` (the batched MMA's rows). Rows past the end read the last one (never stored)."""
+    + r`` (the batched MMA's rows; paired for ``SILU_MUL``, ``ring.paired_row``). Rows past the
+    end read the last one (never stored)."""
     w = j // 16
     rows = gl.minimum(pid_n * (16 * ROW_WARPS) + 16 * (w % ROW_WARPS) + j % 16, N - 1)
-    return rows.to(gl.int64) * stride + (w // ROW_WARPS) * chunk
+    return ring.paired_row(rows, N, SILU_MUL).to(gl.int64) * stride + (w // ROW_WARPS) * chunk
 
 
 @gluon.jit
@@ -86,7 +89,7 @@ def nvfp4_linear_k_warps_gluon_kernel(
     x_ptr, words_ptr, scales_ptr, global_scale_ptr, bias_ptr, out_ptr, M, N, K, stride_xm, stride_om, stride_wn,
     stride_sn, chunk_words, chunk_scales,
     HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr, K_WARPS: gl.constexpr, ROW_WARPS: gl.constexpr,
-    STAGES: gl.constexpr, LAYOUT: gl.constexpr, PDL: gl.constexpr,
+    STAGES: gl.constexpr, LAYOUT: gl.constexpr, PDL: gl.constexpr, SILU_MUL: gl.constexpr = False,
 ):  # fmt: skip
     WARPS: gl.constexpr = K_WARPS * ROW_WARPS
     ROWS: gl.constexpr = 16 * ROW_WARPS
@@ -109,11 +112,11 @@ def nvfp4_linear_k_warps_gluon_kernel(
 
     wr = gl.arange(0, RING_ROWS, layout=gl.SliceLayout(1, WORDS_COPY))
     wc = gl.arange(0, 4 * V, layout=gl.SliceLayout(0, WORDS_COPY))
-    word_off = gl.expand_dims(_ring_rows(wr, pid_n, N, stride_wn, chunk_words, K_WARPS, ROW_WARPS), 1)
+    word_off = gl.expand_dims(_ring_rows(wr, pid_n, N, stride_wn, chunk_words, K_WARPS, ROW_WARPS, SILU_MUL), 1)
     word_off = word_off + gl.expand_dims(wc, 0)
     sr = gl.arange(0, RING_ROWS, layout=gl.SliceLayout(1, SCALES))
     st = gl.arange(0, 4, layout=gl.SliceLayout(0, SCALES))
-    scale_off = gl.expand_dims(_ring_rows(sr, pid_n, N, stride_sn, chunk_scales, K_WARPS, ROW_WARPS), 1)
+    scale_off = gl.expand_dims(_ring_rows(sr, pid_n, N, stride_sn, chunk_scales, K_WARPS, ROW_WARPS, SILU_MUL), 1)
     scale_off = scale_off + gl.expand_dims(st, 0)
     # activation ring row i: quarter i % 4 of token (i // 4) % BLOCK_M, chunk i // (4 BLOCK_M)
     xr = gl.arange(0, 4 * BLOCK_M * K_WARPS, layout=gl.SliceLayout(1, ACTS_COPY))
@@ -158,8 +161,9 @@ def nvfp4_linear_k_warps_gluon_kernel(
 
     total = gl.sum(acc, axis=0)  # [ROWS, MMA_M]: across the warps, through shared memory
     ring._store_product(
-        total, pid_n, pid_m, 0, out_ptr, bias_ptr, global_scale_ptr, M, N, stride_om, HAS_BIAS, BLOCK_M, 1, 1, WARPS
-    )
+        total, pid_n, pid_m, 0, out_ptr, bias_ptr, global_scale_ptr, M, N, stride_om, HAS_BIAS, BLOCK_M, 1, 1, WARPS,
+        SILU_MUL=SILU_MUL,
+    )  # fmt: skip
 
 
 def ring_bytes(config: dict) -> int:
@@ -200,11 +204,15 @@ def launch(
     use_prmt: bool,
 ) -> torch.Tensor:
     """``out = x @ W^T`` (+ bias), one launch; ``use_prmt`` is unused. bf16 activations, K in
-    whole ring steps a chunk. Launched with PDL as the ring form is (``linear_mma_gluon.PDL_LAUNCH``)."""
+    whole ring steps a chunk. Launched with PDL as the ring form is (``linear_mma_gluon.PDL_LAUNCH``).
+    ``SILU_MUL`` in ``config``: ``out [M, N / 2]``, as the ring form's (``ring.paired_row``)."""
     ring.check_ring_operands(x, packed, scales)
     m, k = x.shape
     n = packed.shape[0]
     k_warps = config["K_WARPS"]
+    silu_mul = bool(config.get("SILU_MUL", False))
+    if silu_mul:
+        ring.check_silu_mul(n, 16 * config["ROW_WARPS"], bias, out)
     if k % (k_warps * BLOCK_K):
         raise ValueError(f"K={k} with K_WARPS={k_warps}: each warp's chunk of K must be whole {BLOCK_K}-wide steps")
     x = ring.aligned_activations(x)
@@ -216,6 +224,6 @@ def launch(
         bias if bias is not None else out, out, m, n, k, x.stride(0), out.stride(0), packed.stride(0) // 4,
         scales.stride(0) // 4, chunk_words, chunk_words // 8, HAS_BIAS=bias is not None, BLOCK_M=config["BLOCK_M"],
         K_WARPS=k_warps, ROW_WARPS=config["ROW_WARPS"], STAGES=config["STAGES"], LAYOUT=config.get("LAYOUT", 0),
-        PDL=pdl, num_warps=k_warps * config["ROW_WARPS"], launch_pdl=pdl,
+        PDL=pdl, SILU_MUL=silu_mul, num_warps=k_warps * config["ROW_WARPS"], launch_pdl=pdl,
     )  # fmt: skip
     return out

@@ -107,19 +107,35 @@ def splitk_reduce_kernel(
     HAS_BIAS: tl.constexpr,
     BLOCK: tl.constexpr,
     PDL: tl.constexpr,
+    SILU_MUL: tl.constexpr = False,
 ):
+    """``SILU_MUL``: the partials' columns are a gate-and-up projection's rows in pairs (column
+    ``2p`` gate ``p``, ``2p + 1`` up ``p``; ``linear_mma_gluon.paired_row``) and output column
+    ``p`` is ``silu(gate) * up`` of their sums (no bias)."""
     if PDL:  # launched with PDL: the partials are read only once the kernel that writes them is done
         gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < N
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for split in tl.static_range(SPLIT_K):  # every split's load in flight at once
-        acc += tl.load(part_ptr + (split * M + row) * N + offs, mask=mask, other=0.0)
-    if HAS_SCALE:
-        acc = acc * tl.load(global_scale_ptr)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if SILU_MUL:
+        mask = offs < N // 2
+        gate = tl.zeros((BLOCK,), dtype=tl.float32)
+        up = tl.zeros((BLOCK,), dtype=tl.float32)
+        for split in tl.static_range(SPLIT_K):
+            gate += tl.load(part_ptr + (split * M + row) * N + 2 * offs, mask=mask, other=0.0)
+            up += tl.load(part_ptr + (split * M + row) * N + 2 * offs + 1, mask=mask, other=0.0)
+        if HAS_SCALE:
+            gate = gate * tl.load(global_scale_ptr)
+            up = up * tl.load(global_scale_ptr)
+        acc = gate * tl.sigmoid(gate) * up
+    else:
+        mask = offs < N
+        acc = tl.zeros((BLOCK,), dtype=tl.float32)
+        for split in tl.static_range(SPLIT_K):  # every split's load in flight at once
+            acc += tl.load(part_ptr + (split * M + row) * N + offs, mask=mask, other=0.0)
+        if HAS_SCALE:
+            acc = acc * tl.load(global_scale_ptr)
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * stride_om + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -135,12 +151,14 @@ def reduce_block(m: int, n: int) -> int:
     return next((b for b in REDUCE_BLOCKS if m * cdiv(n, b) >= MIN_PROGRAMS), REDUCE_BLOCKS[-1])
 
 
-def split_target(out: torch.Tensor, split: int) -> torch.Tensor:
+def split_target(out: torch.Tensor, split: int, rows: int | None = None) -> torch.Tensor:
     """Where a launch split ``split`` ways along K writes: ``out`` itself when unsplit, else fp32
-    partials ``[split, M, N]`` for ``reduce_splits``."""
+    partials ``[split, M, rows]`` for ``reduce_splits`` (``rows``: the weight's, where the output
+    has fewer columns, as a SiLU-and-mul launch's half; default ``out``'s columns)."""
     if split == 1:
         return out
-    return torch.empty(split, *out.shape, dtype=torch.float32, device=out.device)
+    m, n = out.shape
+    return torch.empty(split, m, rows or n, dtype=torch.float32, device=out.device)
 
 
 def reduce_splits(
@@ -149,17 +167,19 @@ def reduce_splits(
     bias: torch.Tensor | None,
     out: torch.Tensor,
     pdl: bool = False,
+    silu_mul: bool = False,
 ) -> None:
     """``out = sum of partials in split order * global_scale + bias``: one launch, deterministic.
     No global scale: the partials carry theirs (the ring expert downs fold them into h). ``pdl``:
     launched to start while the kernel before it finishes (one that lets it:
-    ``gdc_launch_dependents``), waiting for it before the first load."""
+    ``gdc_launch_dependents``), waiting for it before the first load. ``silu_mul``: the partials
+    are a gate-and-up projection's rows in pairs, and ``out [M, rows / 2]`` their SiLU-and-mul."""
     split, m, n = partials.shape
-    block = reduce_block(m, n)
-    splitk_reduce_kernel[(m, cdiv(n, block))](
+    block = reduce_block(m, out.shape[1])
+    splitk_reduce_kernel[(m, cdiv(out.shape[1], block))](
         partials, global_scale if global_scale is not None else out, bias if bias is not None else out, out, m, n,
         out.stride(0), SPLIT_K=split, HAS_SCALE=global_scale is not None, HAS_BIAS=bias is not None,
-        BLOCK=block, PDL=pdl, num_warps=4, launch_pdl=pdl,
+        BLOCK=block, PDL=pdl, SILU_MUL=silu_mul, num_warps=4, launch_pdl=pdl,
     )  # fmt: skip
 
 

@@ -229,33 +229,44 @@ def few_tokens_layout(block_m, warps):
 
 
 @gluon.jit
-def _row_offsets(rows, N, stride, CHUNKS: gl.constexpr, chunk):
-    """Where rows start: weight rows ``rows`` or, with ``CHUNKS > 1``, ``CHUNKS * N`` rows of
-    which row ``CHUNKS * n + c`` is chunk ``c`` of weight row ``n``, ``chunk`` past the last.
-    Rows past the end read the last one instead of being masked (their outputs are never
-    stored)."""
+def paired_row(row, N, SILU_MUL: gl.constexpr):
+    """The weight row that output row ``row`` reads: itself, or for ``SILU_MUL`` (a gate-and-up
+    projection ``[2I, K]``, gate rows first as vLLM merges them) rows in pairs: ``2p`` is gate row
+    ``p`` and ``2p + 1`` up row ``p`` (``I + p``), so the epilogue finds each output feature's
+    gate and up in one program, in registers."""
+    if SILU_MUL:
+        row = (row % 2) * (N // 2) + row // 2
+    return row
+
+
+@gluon.jit
+def _row_offsets(rows, N, stride, CHUNKS: gl.constexpr, chunk, SILU_MUL: gl.constexpr = False):
+    """Where rows start: weight rows ``rows`` (``paired_row``) or, with ``CHUNKS > 1``,
+    ``CHUNKS * N`` rows of which row ``CHUNKS * n + c`` is chunk ``c`` of weight row ``n``,
+    ``chunk`` past the last. Rows past the end read the last one instead of being masked (their
+    outputs are never stored)."""
     if CHUNKS == 1:
-        start = gl.minimum(rows, N - 1).to(gl.int64) * stride
+        start = paired_row(gl.minimum(rows, N - 1), N, SILU_MUL).to(gl.int64) * stride
     else:
         rows = gl.minimum(rows, CHUNKS * N - 1)
-        start = (rows // CHUNKS).to(gl.int64) * stride + (rows % CHUNKS) * chunk
+        start = paired_row(rows // CHUNKS, N, SILU_MUL).to(gl.int64) * stride + (rows % CHUNKS) * chunk
     return start
 
 
 @gluon.jit
 def _weight_offsets(
     pid_n, N, stride_wn, stride_sn, BLOCK_N: gl.constexpr, WORDS_COPY: gl.constexpr, SCALES: gl.constexpr,
-    CHUNKS: gl.constexpr = 1, chunk_words=0, chunk_scales=0,
+    CHUNKS: gl.constexpr = 1, chunk_words=0, chunk_scales=0, SILU_MUL: gl.constexpr = False,
 ):  # fmt: skip
     """Offsets of a program's weight words ``[BLOCK_N, 4V]`` (as copied) and scale words
     ``[BLOCK_N, 4]`` at step 0 (``_row_offsets``: rows cut in ``CHUNKS`` chunks of
-    ``chunk_words`` words and ``chunk_scales`` scale words)."""
+    ``chunk_words`` words and ``chunk_scales`` scale words, paired for ``SILU_MUL``)."""
     wr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, WORDS_COPY))
     wc = gl.arange(0, 4 * V, layout=gl.SliceLayout(0, WORDS_COPY))
-    word_off = gl.expand_dims(_row_offsets(pid_n * BLOCK_N + wr, N, stride_wn, CHUNKS, chunk_words), 1)
+    word_off = gl.expand_dims(_row_offsets(pid_n * BLOCK_N + wr, N, stride_wn, CHUNKS, chunk_words, SILU_MUL), 1)
     sr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, SCALES))
     st = gl.arange(0, 4, layout=gl.SliceLayout(0, SCALES))
-    scale_off = gl.expand_dims(_row_offsets(pid_n * BLOCK_N + sr, N, stride_sn, CHUNKS, chunk_scales), 1)
+    scale_off = gl.expand_dims(_row_offsets(pid_n * BLOCK_N + sr, N, stride_sn, CHUNKS, chunk_scales, SILU_MUL), 1)
     return word_off + gl.expand_dims(wc, 0), scale_off + gl.expand_dims(st, 0)
 
 
@@ -586,24 +597,52 @@ def _sum_chunks(acc, lanes, CHUNKS: gl.constexpr, WARPS: gl.constexpr):
 
 
 @gluon.jit
+def _store_silu_mul(acc, first_row, first_token, columns, M, N, out_ptr, stride_om, WARPS: gl.constexpr):
+    """``out [M, N / 2]`` from an output tile ``acc [rows, tokens]`` (scaled, fp32) whose rows are
+    ``paired_row``'s from ``first_row`` (even) and whose first ``columns`` columns are tokens from
+    ``first_token``: feature ``p`` is ``silu(gate) * up`` of rows ``2p`` and ``2p + 1``, each
+    pair moved into one thread first. vLLM's ``SiluAndMul`` on the fp32 sums, not on their bf16
+    roundings."""
+    ROWS: gl.constexpr = acc.shape[0]
+    TOKENS: gl.constexpr = acc.shape[1]
+    PAIRS: gl.constexpr = gl.BlockedLayout([1, 1, 2], [32, 1, 1], [WARPS, 1, 1], [2, 1, 0])
+    OUT: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [WARPS, 1], [1, 0])
+    pairs = gl.convert_layout(gl.permute(gl.reshape(acc, [ROWS // 2, 2, TOKENS]), (0, 2, 1)), PAIRS)
+    gate, up = gl.split(pairs)
+    product = gl.convert_layout(gate / (1.0 + gl.exp(-gate)) * up, OUT)
+    features = first_row // 2 + gl.arange(0, ROWS // 2, layout=gl.SliceLayout(1, OUT))
+    column = gl.arange(0, TOKENS, layout=gl.SliceLayout(0, OUT))
+    tokens = first_token + column
+    mask = gl.expand_dims(features < N // 2, 1) & gl.expand_dims((tokens < M) & (column < columns), 0)
+    out = out_ptr + gl.expand_dims(tokens.to(gl.int64) * stride_om, 0) + gl.expand_dims(features, 1)
+    gl.store(out, product.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@gluon.jit
 def _store_chunks(
     acc, pid_n, pid_m, out_ptr, bias_ptr, global_scale_ptr, M, N, stride_om, HAS_BIAS: gl.constexpr,
-    BLOCK_M: gl.constexpr, CHUNKS: gl.constexpr, WARPS: gl.constexpr,
+    BLOCK_M: gl.constexpr, CHUNKS: gl.constexpr, WARPS: gl.constexpr, SILU_MUL: gl.constexpr = False,
 ):  # fmt: skip
     """The chunked tile ``acc [CHUNKS x rows, CHUNKS x tokens]`` into ``out`` (``_sum_chunks``)."""
     BLOCK_N: gl.constexpr = acc.shape[0]
     MMA_M: gl.constexpr = acc.shape[1]
     acc = _sum_chunks(acc, BLOCK_M, CHUNKS, WARPS)
-    OUT: gl.constexpr = acc.type.layout
-    rows = pid_n * (BLOCK_N // CHUNKS) + gl.arange(0, BLOCK_N // CHUNKS, layout=gl.SliceLayout(1, OUT))
-    column = gl.arange(0, MMA_M // CHUNKS, layout=gl.SliceLayout(0, OUT))
-    tokens = pid_m * (BLOCK_M // CHUNKS) + column
     acc = acc * (gl.load(global_scale_ptr) * _EPILOGUE_FACTOR)
-    if HAS_BIAS:
-        acc += gl.expand_dims(gl.load(bias_ptr + rows, mask=rows < N, other=0.0).to(gl.float32), 1)
-    mask = gl.expand_dims(rows < N, 1) & gl.expand_dims((tokens < M) & (column < BLOCK_M // CHUNKS), 0)
-    out = out_ptr + gl.expand_dims(tokens.to(gl.int64) * stride_om, 0) + gl.expand_dims(rows, 1)
-    gl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    if SILU_MUL:
+        _store_silu_mul(
+            acc, pid_n * (BLOCK_N // CHUNKS), pid_m * (BLOCK_M // CHUNKS), BLOCK_M // CHUNKS, M, N, out_ptr, stride_om,
+            WARPS,
+        )  # fmt: skip
+    else:
+        OUT: gl.constexpr = acc.type.layout
+        rows = pid_n * (BLOCK_N // CHUNKS) + gl.arange(0, BLOCK_N // CHUNKS, layout=gl.SliceLayout(1, OUT))
+        column = gl.arange(0, MMA_M // CHUNKS, layout=gl.SliceLayout(0, OUT))
+        tokens = pid_m * (BLOCK_M // CHUNKS) + column
+        if HAS_BIAS:
+            acc += gl.expand_dims(gl.load(bias_ptr + rows, mask=rows < N, other=0.0).to(gl.float32), 1)
+        mask = gl.expand_dims(rows < N, 1) & gl.expand_dims((tokens < M) & (column < BLOCK_M // CHUNKS), 0)
+        out = out_ptr + gl.expand_dims(tokens.to(gl.int64) * stride_om, 0) + gl.expand_dims(rows, 1)
+        gl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @gluon.jit
@@ -641,6 +680,7 @@ def nvfp4_linear_mma_gluon_kernel(
     LAYOUT: gl.constexpr,
     FOLD: gl.constexpr,
     PDL: gl.constexpr,
+    SILU_MUL: gl.constexpr = False,
 ):
     BLOCK_N: gl.constexpr = 16 * ROW_TILES * WARPS
     SCALES: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, words_layout(ROW_TILES, WARPS)))
@@ -652,7 +692,7 @@ def nvfp4_linear_mma_gluon_kernel(
     pid_k = gl.program_id(2)
 
     word_off, scale_off = _weight_offsets(
-        pid_n, N, stride_wn, stride_sn, BLOCK_N, WORDS_COPY, SCALES, CHUNKS, chunk_words, chunk_scales
+        pid_n, N, stride_wn, stride_sn, BLOCK_N, WORDS_COPY, SCALES, CHUNKS, chunk_words, chunk_scales, SILU_MUL
     )
     x_off, x_mask, first, steps = _activation_tile(
         pid_m, pid_k, M, K, stride_xm, chunk_words, ACTS_COPY, BLOCK_M, SPLIT_K, CHUNKS
@@ -663,7 +703,7 @@ def nvfp4_linear_mma_gluon_kernel(
     )  # fmt: skip
     _store_product(
         acc, pid_n, pid_m, pid_k, out_ptr, bias_ptr, global_scale_ptr, M, N, stride_om, HAS_BIAS, BLOCK_M, SPLIT_K,
-        CHUNKS, WARPS, FOLD, folded_ptr, arrivals_ptr,
+        CHUNKS, WARPS, FOLD, folded_ptr, arrivals_ptr, SILU_MUL,
     )  # fmt: skip
 
 
@@ -698,15 +738,19 @@ def _activation_tile(
 def _store_product(
     acc, pid_n, pid_m, pid_k, out_ptr, bias_ptr, global_scale_ptr, M, N, stride_om, HAS_BIAS: gl.constexpr,
     BLOCK_M: gl.constexpr, SPLIT_K: gl.constexpr, CHUNKS: gl.constexpr, WARPS: gl.constexpr,
-    FOLD: gl.constexpr = False, folded_ptr=0, arrivals_ptr=0,
+    FOLD: gl.constexpr = False, folded_ptr=0, arrivals_ptr=0, SILU_MUL: gl.constexpr = False,
 ):  # fmt: skip
     """A program's ``acc [BLOCK_N, max(BLOCK_M, 8)]`` into ``out``: a tile of rows and tokens
     (``_store_tile``, fp32 partials when split, summed into ``folded_ptr`` by the last split
-    where ``FOLD``) or one of chunks (``_store_chunks``)."""
+    where ``FOLD``; ``_store_silu_mul`` unsplit for ``SILU_MUL``, the reduce's when split) or one
+    of chunks (``_store_chunks``)."""
     BLOCK_N: gl.constexpr = acc.shape[0]
     MMA_M: gl.constexpr = acc.shape[1]
     ACC: gl.constexpr = acc.type.layout
-    if CHUNKS == 1:
+    if CHUNKS == 1 and SILU_MUL and SPLIT_K == 1:
+        acc = acc * (gl.load(global_scale_ptr) * _EPILOGUE_FACTOR)
+        _store_silu_mul(acc, pid_n * BLOCK_N, pid_m * BLOCK_M, BLOCK_M, M, N, out_ptr, stride_om, WARPS)
+    elif CHUNKS == 1:
         offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
         column = gl.arange(0, MMA_M, layout=gl.SliceLayout(0, ACC))
         offs_m = pid_m * BLOCK_M + column
@@ -721,8 +765,9 @@ def _store_product(
             )  # fmt: skip
     else:
         _store_chunks(
-            acc, pid_n, pid_m, out_ptr, bias_ptr, global_scale_ptr, M, N, stride_om, HAS_BIAS, BLOCK_M, CHUNKS, WARPS
-        )
+            acc, pid_n, pid_m, out_ptr, bias_ptr, global_scale_ptr, M, N, stride_om, HAS_BIAS, BLOCK_M, CHUNKS, WARPS,
+            SILU_MUL,
+        )  # fmt: skip
 
 
 def _copyable(t: torch.Tensor) -> bool:
@@ -750,14 +795,15 @@ def launch(
 ) -> torch.Tensor:
     """Run the kernel; ``use_prmt`` is unused. K a multiple of ``BLOCK_K`` (``configs`` offers
     nothing else), and of ``CHUNKS x BLOCK_K`` where the rows are cut in chunks. Launched with
-    PDL where ``PDL_LAUNCH``."""
+    PDL where ``PDL_LAUNCH``. ``SILU_MUL`` in ``config``: ``out [M, N / 2]`` is the SiLU-and-mul
+    of a gate-and-up projection's output (``paired_row``)."""
     chunks = config.get("CHUNKS", 1)
     chunk_words = words_per_chunk(2 * packed.shape[1], chunks)  # two elements a packed byte
     pdl = launch_pdl(PDL_LAUNCH)
     return launch_ring(
         nvfp4_linear_mma_gluon_kernel, aligned_activations, x, packed, scales, global_scale, bias, out, config, pdl,
         chunk_words=chunk_words, chunk_scales=chunk_words // 8, CHUNKS=chunks, LAYOUT=config.get("LAYOUT", 0),
-        PDL=pdl,
+        PDL=pdl, SILU_MUL=bool(config.get("SILU_MUL", False)),
     )  # fmt: skip
 
 
@@ -802,17 +848,22 @@ def launch_ring(
     chunks), weights as int32 words, and the split-K sum (a reduce launch, or folded into the
     kernel: ``FOLD_SPLITS``). bf16 activations only (``require_bf16``). ``pdl``: the kernel and
     its reduce launched with PDL, each to start while the kernel before it ends (the kernel's own
-    ``PDL`` constexpr, in ``extra``, makes it wait before its first activation copy)."""
+    ``PDL`` constexpr, in ``extra``, makes it wait before its first activation copy). ``SILU_MUL``
+    in ``extra``: ``out [M, N / 2]`` (``check_silu_mul``), split sums reduced, never folded."""
     check_ring_operands(x, packed, scales)
     x = activations(x)
     m, k = x.shape
     n = packed.shape[0]
     block_n = 16 * config["ROW_TILES"] * config["WARPS"]
     split = config.get("SPLIT_K", 1)
-    target = split_target(out, split)
     chunks = config.get("CHUNKS", 1)
+    silu_mul = extra.get("SILU_MUL", False)
+    if silu_mul:
+        check_silu_mul(n, block_n // chunks, bias, out)
+    target = split_target(out, split, n)
     grid = (cdiv(chunks * n, block_n), cdiv(chunks * m, config["BLOCK_M"]), split)
-    arrivals = arrival_counters(out.device, grid[0] * grid[1]) if split > 1 and FOLD_SPLITS else None
+    fold = split > 1 and FOLD_SPLITS and not silu_mul
+    arrivals = arrival_counters(out.device, grid[0] * grid[1]) if fold else None
     kernel[grid](
         x,
         packed.view(torch.int32),
@@ -841,8 +892,20 @@ def launch_ring(
         **extra,
     )
     if split > 1 and arrivals is None:
-        reduce_splits(target, global_scale, bias, out, pdl)
+        reduce_splits(target, global_scale, bias, out, pdl, silu_mul)
     return out
+
+
+def check_silu_mul(n: int, rows_a_program: int, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+    """A ``ValueError`` naming what a SiLU-and-mul launch cannot take: a bias (vLLM's gate-and-up
+    projections have none), an odd row count or program rows that split a gate-and-up pair, an
+    output that is not ``[M, N / 2]``."""
+    if bias is not None:
+        raise ValueError("bias: a SiLU-and-mul launch takes none (add it to the gate and up rows before)")
+    if n % 2 or rows_a_program % 2:
+        raise ValueError(f"packed: {n} rows, {rows_a_program} a program; SiLU-and-mul needs both even (gate, up pairs)")
+    if out.shape[1] != n // 2:
+        raise ValueError(f"out: got {out.shape[1]} columns, a SiLU-and-mul of {n} rows has {n // 2}")
 
 
 # Split-K launches of the ring forms sum their partials in the kernel (``_fold_splits``: the last

@@ -54,6 +54,10 @@ LINEAR_FORMS = {
     "dequant": linear_dequant,
 }
 MOE_FORMS = {"fused": moe_fused, "gemv_gluon": moe_gemv_gluon, "ring_gluon": moe_ring_gluon, "w4a4": moe_w4a4}
+# Forms whose launch takes ``SILU_MUL``: a gate-and-up projection's SiLU-and-mul in their epilogue
+# (``linear_mma_gluon.paired_row``), the decode forms. The others run the projection, then
+# ``silu_mul`` on its output: a launch more, as vLLM runs it.
+SILU_MUL_FORMS = frozenset({"mma_gluon", "k_warps_gluon"})
 
 
 # -- references ----------------------------------------------------------------------------------
@@ -65,6 +69,17 @@ def linear_reference(x: torch.Tensor, w: NVFP4Weight, bias: torch.Tensor | None 
     if bias is not None:
         out = out + bias.float()
     return out.to(x.dtype)
+
+
+def silu_mul(y: torch.Tensor) -> torch.Tensor:
+    """vLLM's ``SiluAndMul``: ``silu(y[..., :d]) * y[..., d:]`` for ``y [..., 2d]``, in float32."""
+    d = y.shape[-1] // 2
+    return (F.silu(y[..., :d].float()) * y[..., d:].float()).to(y.dtype)
+
+
+def linear_silu_mul_reference(x: torch.Tensor, w: NVFP4Weight) -> torch.Tensor:
+    """``silu_mul(x @ dequant(W)^T)`` on the float32 product, as the fused epilogue takes it."""
+    return silu_mul(x.float() @ dequantize(w, torch.float32).t()).to(x.dtype)
 
 
 def moe_reference(
@@ -462,6 +477,34 @@ def _(x, packed, scales, global_scale, bias, layout):
     return x.new_empty(x.shape[0], packed.shape[0])
 
 
+def _nvfp4_linear_silu_mul_body(
+    x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor, layout: int
+) -> torch.Tensor:
+    """The projection's choice for the shape (``choose_linear``: timed without the epilogue, the
+    same weight bytes and MMAs), with the SiLU-and-mul in its epilogue where the form has one."""
+    if x.device.type != "cuda":
+        return linear_silu_mul_reference(x, NVFP4Weight(packed, scales, global_scale, layout))
+    c = choose_linear(x, packed, scales, global_scale, None, layout)
+    params = launch_params(c, layout)
+    m, n = x.shape[0], packed.shape[0]
+    launch = LINEAR_FORMS[c.form].launch
+    if c.form in SILU_MUL_FORMS:
+        out = torch.empty(m, n // 2, dtype=x.dtype, device=x.device)
+        return launch(x, packed, scales, global_scale, None, out, params | {"SILU_MUL": True}, _use_prmt(x.device))
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    return silu_mul(launch(x, packed, scales, global_scale, None, out, params, _use_prmt(x.device)))
+
+
+_nvfp4_linear_silu_mul = torch.library.custom_op(
+    "flashrt::nvfp4_linear_silu_mul", _nvfp4_linear_silu_mul_body, mutates_args=()
+)
+
+
+@_nvfp4_linear_silu_mul.register_fake
+def _(x, packed, scales, global_scale, layout):
+    return x.new_empty(x.shape[0], packed.shape[0] // 2)
+
+
 def _nvfp4_moe_body(
     hidden: torch.Tensor,
     gu_packed: torch.Tensor,
@@ -520,6 +563,24 @@ def linear(x: torch.Tensor, w: NVFP4Weight, bias: torch.Tensor | None = None) ->
     op = _nvfp4_linear_body if eager(x2) else torch.ops.flashrt.nvfp4_linear
     out = op(x2, w.packed, w.scales, w.global_scale, bias, w.layout)
     return out.reshape(*x.shape[:-1], n)
+
+
+def linear_silu_mul(x: torch.Tensor, w: NVFP4Weight) -> torch.Tensor:
+    """``silu_mul(x [..., K] @ dequant(W)[2I, K]^T) -> [..., I]``: a gate-and-up projection (gate
+    rows first, as vLLM merges them) and its SiLU-and-mul in one op, in ``x``'s dtype."""
+    check_weight("w", w)
+    n, k = w.shape
+    if k % BLOCK_SIZE:
+        raise ValueError(f"w: K = {k} is not a multiple of {BLOCK_SIZE}")
+    if n % 2:
+        raise ValueError(f"w: {n} rows; a gate-and-up projection has an even count (gate rows, then up rows)")
+    _check_activation("x", x, k, w.packed.device)
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    op = _nvfp4_linear_silu_mul_body if eager(x2) else torch.ops.flashrt.nvfp4_linear_silu_mul
+    out = op(x2, w.packed, w.scales, w.global_scale, w.layout)
+    return out.reshape(*x.shape[:-1], n // 2)
 
 
 def moe(

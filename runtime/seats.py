@@ -26,7 +26,17 @@ from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
-from flashrt.kernels import NVFP4Weight, absolute_max, linear, linear_reference, moe, moe_reference, ops, quantize
+from flashrt.kernels import (
+    NVFP4Weight,
+    absolute_max,
+    linear,
+    linear_reference,
+    linear_silu_mul,
+    moe,
+    moe_reference,
+    ops,
+    quantize,
+)
 from flashrt.kernels.tuning import SOURCES, TUNER, shipped_on
 from flashrt.runtime.metrics import metrics
 from flashrt.runtime.profile import SeatProfile
@@ -240,6 +250,10 @@ def _serve_linear_body(x: torch.Tensor, bias: torch.Tensor | None, seat: int, ou
     return s._serve(s.seam, s.host, x, bias)
 
 
+def _serve_linear_silu_mul_body(x: torch.Tensor, seat: int, out_features: int) -> torch.Tensor:
+    return _SERVED[seat].serve_silu_mul(x)
+
+
 def _serve_moe_body(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, seat: int) -> torch.Tensor:
     s = _SERVED[seat]
     if s.band_host and x.shape[0] > s.profile.moe_band_t:
@@ -253,6 +267,12 @@ def _serve_moe_body(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch
 # inside the compiled graph.
 served_linear = torch.library.custom_op("flashrt::served_linear", _serve_linear_body, mutates_args=())
 
+# A seated gate-and-up projection and the SiLU-and-mul after it, where ``fusion.fuse_silu_mul``
+# found that pattern in a compiled graph: the activation in the projection's epilogue.
+served_linear_silu_mul = torch.library.custom_op(
+    "flashrt::served_linear_silu_mul", _serve_linear_silu_mul_body, mutates_args=()
+)
+
 # One seated expert bank call: rows above the MoE band go to the retained host bank, the rest
 # to the packed one. The band test is a Python branch on the row count, so it lives in this
 # opaque op: in a graph traced without shape guards it would be frozen at the traced size.
@@ -261,6 +281,11 @@ served_moe = torch.library.custom_op("flashrt::served_moe", _serve_moe_body, mut
 
 @served_linear.register_fake
 def _(x, bias, seat, out_features):
+    return x.new_empty(*x.shape[:-1], out_features)
+
+
+@served_linear_silu_mul.register_fake
+def _(x, seat, out_features):
     return x.new_empty(*x.shape[:-1], out_features)
 
 
@@ -300,10 +325,30 @@ class ProjectionSeat(Seat):
         if not tied:
             self._free(weight)
         self.seam, self.host = self._seam(slabs), self._reference(slabs)
+        self._serve_silu_mul_from(slabs)
         index = _serving(self)
         module.forward = lambda x: serve_linear(x, bias, index, out_features)
         self.state = "seated"
         self.reason = "tied to the input embedding: bf16 weight kept for it" if tied else ""
+
+    def _serve_silu_mul_from(self, slabs: list[NVFP4Weight]) -> None:
+        """What ``serve_silu_mul`` runs: ``linear_silu_mul`` on the one slab (the head's slabs, never
+        a gate-and-up projection's, take the projection and then the activation), and on a fault
+        the host's projection and then vLLM's activation."""
+
+        def seam(x: torch.Tensor) -> torch.Tensor:
+            xs = x if x.dtype in (torch.bfloat16, torch.float16) else x.to(torch.bfloat16)
+            if len(slabs) == 1:
+                return linear_silu_mul(xs, slabs[0]).to(x.dtype)
+            return ops.silu_mul(torch.cat([linear(xs, s) for s in slabs], dim=-1)).to(x.dtype)
+
+        self._silu_mul_seam = seam
+        self._silu_mul_host = lambda x: ops.silu_mul(self.host(x, None))
+
+    def serve_silu_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """The projection and the SiLU-and-mul after it (``served_linear_silu_mul``), counted and
+        falling back as ``serve_linear``'s calls are."""
+        return self._serve(self._silu_mul_seam, self._silu_mul_host, x)
 
     def _slabs(self, weight: torch.Tensor) -> list[NVFP4Weight]:
         """The weight quantized in slabs of ``head_slab_rows`` rows (the head; one slab for the

@@ -2139,3 +2139,109 @@ def test_the_block_holding_the_amax_gets_a_finite_scale():
         assert not q.scales.float().isnan().any()
         hits += int((w.abs().amax() / 6 / q.global_scale[0]).item() > 448)
     assert hits > 0, "no tensor exercised the rounding above 448"
+
+
+# -- the SiLU-and-mul epilogue ---------------------------------------------------------------------
+
+
+def _silu_mul_launches(m: int, k: int) -> list[tuple[object, dict]]:
+    """One config of each tile shape the ring forms offer at ``m`` tokens (chunks, token tile,
+    split, warps; a compile each), weight layouts in turn: the chunked forms (1-4 tokens), the
+    unsplit and split tiles, and the K-warps form (4-16)."""
+    shape_keys = ("CHUNKS", "BLOCK_M", "SPLIT_K", "ROW_TILES", "WARPS", "K_WARPS", "ROW_WARPS")
+    launches, seen = [], set()
+    for mod in (linear_mma_gluon, linear_k_warps_gluon):
+        for config in mod.configs(m, 1000, k):
+            key = (mod.__name__, *(config.get(name) for name in shape_keys))
+            if key not in seen:
+                seen.add(key)
+                launches.append((mod, config | {"LAYOUT": mod.LAYOUTS[len(launches) % len(mod.LAYOUTS)]}))
+    return launches
+
+
+@pytest.mark.skipif(not ON_GPU, reason="Gluon has no interpreter: CI builds the epilogue for every target")
+@pytest.mark.parametrize(("m", "k"), [(1, 2048), (3, 768), (4, 4096), (8, 2048), (13, 768), (16, 4096)])
+def test_silu_mul_epilogue_matches_the_reference_in_every_ring_config(m, k, device):
+    """A gate-and-up projection of 1000 rows (500 features, no tile's multiple) read in gate and
+    up pairs, its SiLU-and-mul taken in the epilogue, against the float32 reference, in each tile
+    shape the ring forms offer at ``m`` tokens: chunks, unsplit and split tiles (summed by the
+    reduce), K across warps; the output's columns past 500 and rows past ``m`` untouched."""
+    n = 1000
+    q = nvfp4.quantize(torch.randn(n, k, dtype=torch.bfloat16, device=device))
+    weights = {0: q, 1: q.in_layout(ring_layout.RING)}
+    x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
+    ref = ops.linear_silu_mul_reference(x, q)
+    launches = _silu_mul_launches(m, k)
+    assert launches
+    for mod, config in launches:
+        w = weights[config["LAYOUT"]]
+        wide = torch.full((m + 1, n // 2 + 8), float("nan"), dtype=torch.bfloat16, device=device)
+        out = wide[:m, : n // 2]
+        mod.launch(x, w.packed, w.scales, w.global_scale, None, out, config | {"SILU_MUL": True}, False)
+        assert not out.isnan().any(), config
+        assert wide[m:].isnan().all() and wide[:, n // 2 :].isnan().all(), config
+        assert (out.double() - ref.double()).norm() / ref.double().norm() < 1e-2, config
+
+
+@pytest.mark.skipif(not ON_GPU, reason="adjudicates on the device")
+@pytest.mark.parametrize("m", [1, 8, 64])
+def test_linear_silu_mul_serves_the_projection_s_choice_with_the_activation(m, device):
+    """``linear_silu_mul`` on the adjudicator's choice for the projection: fused where the form
+    has the epilogue, the projection and then ``silu_mul`` where it has not (64 tokens: the
+    wgmma forms), the same figures either way."""
+    w = ops.for_serving(nvfp4.quantize(torch.randn(2048, 2048, dtype=torch.bfloat16, device=device)))
+    x = torch.randn(m, 2048, dtype=torch.bfloat16, device=device)
+    out = ops.linear_silu_mul(x, w)
+    ref = ops.linear_silu_mul_reference(x, w)
+    assert out.shape == (m, 1024)
+    assert (out.double() - ref.double()).norm() / ref.double().norm() < 1e-2
+
+
+def test_linear_silu_mul_is_the_reference_off_the_gpu_and_refuses_odd_rows():
+    """Off a GPU the op is its reference: the projection's float32 product, then vLLM's
+    ``SiluAndMul`` (gate rows first). Odd rows and the wrong K are refused by name."""
+    q = nvfp4.quantize(torch.randn(64, 768, dtype=torch.bfloat16))
+    x = torch.randn(2, 3, 768, dtype=torch.bfloat16)
+    out = ops.linear_silu_mul(x, q)
+    y = x.float() @ nvfp4.dequantize(q, torch.float32).t()
+    expected = (F.silu(y[..., :32]) * y[..., 32:]).to(torch.bfloat16)
+    assert out.shape == (2, 3, 32) and torch.equal(out, expected)
+    with pytest.raises(ValueError, match="even"):
+        ops.linear_silu_mul(x, nvfp4.quantize(torch.randn(63, 768, dtype=torch.bfloat16)))
+    with pytest.raises(ValueError, match="K = 768"):
+        ops.linear_silu_mul(torch.randn(2, 512, dtype=torch.bfloat16), q)
+
+
+def test_silu_mul_launches_pair_the_rows_sum_splits_in_the_reduce_and_take_no_bias(monkeypatch, device):
+    """What a SiLU-and-mul launch hands its kernels: ``SILU_MUL``, fp32 partials as wide as the
+    weight for a split launch (its output is half as wide), the reduce told to pair them, never
+    folded even where ``FOLD_SPLITS``; a bias, odd rows or an output not half as wide refused by
+    name."""
+    calls = []
+    monkeypatch.setattr(linear_mma_gluon, "nvfp4_linear_mma_gluon_kernel", _Recorder(calls, "mma"))
+    monkeypatch.setattr(linear_k_warps_gluon, "nvfp4_linear_k_warps_gluon_kernel", _Recorder(calls, "k_warps"))
+    monkeypatch.setattr(linear_mma, "splitk_reduce_kernel", _Recorder(calls, "reduce"))
+    monkeypatch.setattr(linear_mma_gluon, "FOLD_SPLITS", True)
+    q = nvfp4.quantize(torch.randn(1000, 2048, dtype=torch.bfloat16, device=device))
+    x = torch.randn(8, 2048, dtype=torch.bfloat16, device=device)
+    out = torch.zeros(8, 500, dtype=torch.bfloat16, device=device)
+    split = {"BLOCK_M": 8, "ROW_TILES": 1, "WARPS": 4, "STAGES": 3, "SPLIT_K": 2, "SILU_MUL": True}
+    linear_mma_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, split, False)
+    (kernel, _, args, kwargs), (reduce, grid, reduce_args, reduce_kwargs) = calls
+    assert (kernel, reduce) == ("mma", "reduce") and kwargs["SILU_MUL"] is True and kwargs["FOLD"] is False
+    assert args[5].shape == (2, 8, 1000) and reduce_args[0] is args[5] and reduce_args[3] is out
+    assert reduce_kwargs["SILU_MUL"] is True and grid[0] == 8
+    calls.clear()
+    k_warps = {"BLOCK_M": 8, "K_WARPS": 4, "ROW_WARPS": 1, "STAGES": 2, "SILU_MUL": True}
+    linear_k_warps_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, k_warps, False)
+    ((kernel, _, args, kwargs),) = calls
+    assert kernel == "k_warps" and kwargs["SILU_MUL"] is True and args[5] is out
+    for bad_bias, bad_out, match in (
+        (torch.zeros(1000, dtype=torch.bfloat16, device=device), out, "bias"),
+        (None, torch.zeros(8, 1000, dtype=torch.bfloat16, device=device), "500"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            linear_mma_gluon.launch(x, q.packed, q.scales, q.global_scale, bad_bias, bad_out, split, False)
+    odd = nvfp4.quantize(torch.randn(999, 2048, dtype=torch.bfloat16, device=device))
+    with pytest.raises(ValueError, match="even"):
+        linear_k_warps_gluon.launch(x, odd.packed, odd.scales, odd.global_scale, None, out, k_warps, False)
