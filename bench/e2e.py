@@ -996,7 +996,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=("on", "off"),
         default="on",
         help="the seated gate-and-up projections take the SiLU-and-mul after them into their epilogue "
-        "(runtime/fusion.py's post-grad pass, as the vLLM plugin installs it)",
+        "(runtime/fusion.py's post-grad pass)",
     )
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
