@@ -17,6 +17,7 @@ the up half, and keeps it only where the chain computes ``silu`` (run on a probe
 from __future__ import annotations
 
 import hashlib
+import logging
 import operator
 from pathlib import Path
 
@@ -24,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from flashrt.runtime import seats  # noqa: F401 (registers the served ops)
 from torch._inductor.custom_graph_pass import CustomGraphPass
+
+log = logging.getLogger("flashrt")
 
 _SERVED_LINEAR = torch.ops.flashrt.served_linear.default
 _SERVED_LINEAR_SILU_MUL = torch.ops.flashrt.served_linear_silu_mul.default
@@ -144,6 +147,8 @@ def fuse_silu_mul(graph: torch.fx.Graph) -> int:
                     graph.erase_node(dead)
             fused += 1
             break
+    if fused:
+        log.info("flashrt: %d SiLU-and-mul fused into the epilogue of seated gate-and-up projections", fused)
     return fused
 
 

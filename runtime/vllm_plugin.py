@@ -19,7 +19,8 @@ What ``register`` does, in the process it runs in:
   vLLM configures its ``vllm`` logger, not the root, and without this an INFO line of ours was
   dropped and a warning printed in Python's last-resort format.
 * Each model runner's ``load_model`` (CPU runner, GPU V1 and V2 runners, whichever this vLLM
-  has) is wrapped: after the weights load and before the first compiled trace (warm-up and
+  has) is wrapped: before it, the compile it sets up gets ``fusion``'s post-grad pass
+  (``fuse_in_compile``); after the weights load and before the first compiled trace (warm-up and
   capture come later), ``attach_vllm`` seats the model. Tensor-parallel ranks each load their
   shard and seat it; interception is at ``quant_method`` so ``RowParallelLinear`` still
   all-reduces in its own forward.
@@ -201,8 +202,34 @@ def eager_decode_warning(device_type: str, cudagraph_mode) -> str | None:
     )
 
 
+def fuse_in_compile(compilation) -> bool:
+    """``fusion.fuse_silu_mul`` in the compile vLLM is about to set up: the post-grad hook of
+    ``compilation_config.inductor_compile_config``, which vLLM's own backend adds to its pass
+    manager (CUDA) and plain inductor runs (the CPU backend). Set before the model is built,
+    since both read the hook when the compiled wrapper is made. A pass the user put there stays
+    theirs (logged: then nothing is fused); whether the pass was set here."""
+    config = getattr(compilation, "inductor_compile_config", None)
+    if config is None:
+        return False
+    if config.get(FUSION_HOOK) is not None:
+        log.warning("flashrt: %s holds the user's pass; the SiLU-and-mul stays unfused", FUSION_HOOK)
+        return False
+    try:
+        from vllm.compilation.passes.inductor_pass import CallableInductorPass
+    except ImportError:  # vLLM before 0.32
+        from vllm.compilation.inductor_pass import CallableInductorPass
+    from flashrt.runtime import fusion
+
+    config[FUSION_HOOK] = CallableInductorPass(fusion.fuse_silu_mul, fusion.SiluMulPass().uuid())
+    return True
+
+
+FUSION_HOOK = "post_grad_custom_post_pass"
+
+
 def _seating(load_model):
     def wrapped(self, *args, **kwargs):
+        fuse_in_compile(getattr(self, "compilation_config", None))
         result = load_model(self, *args, **kwargs)
         from flashrt.runtime.profile import from_env
         from flashrt.runtime.vllm_seats import attach_vllm

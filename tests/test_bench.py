@@ -6,6 +6,7 @@ import random
 import pytest
 import torch
 from flashrt.bench import e2e, inductor_trigger
+from flashrt.runtime import fusion
 
 
 def _tiny(kind: str):
@@ -359,6 +360,7 @@ def test_inductor_configs_reach_the_switches_inductor_reads():
     # what ``compile_as_runs_do`` writes, put back afterwards by the config modules' own ``patch``
     # (monkeypatch would delete them: they are not in a config module's ``__dict__``)
     written = ["triton.autotune_pointwise", "coordinate_descent_tuning", "test_configs.force_filter_reduction_configs"]
+    written += ["post_grad_custom_post_pass"]
     written += ["triton.enable_pdl"] if hasattr(inductor.triton, "enable_pdl") else []
     now = inductor.get_config_copy()
     with (
@@ -375,6 +377,9 @@ def test_inductor_configs_reach_the_switches_inductor_reads():
             assert inductor.triton.autotune_pointwise is pointwise, setting
             assert len(triton_heuristics.filter_reduction_configs_for_determinism(meta, configs)) == kept, setting
             assert (decomposition.mm(row, weight) is not NotImplemented) is fused, setting
+            assert isinstance(inductor.post_grad_custom_post_pass, fusion.SiluMulPass), "--fuse-silu-mul on"
+        e2e.compile_as_runs_do(inductor_pdl=False, fuse_silu_mul=False)
+        assert inductor.post_grad_custom_post_pass is None, "--fuse-silu-mul off"
     assert inductor.get_config_copy() == now, "the settings are put back"
 
 

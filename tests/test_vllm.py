@@ -54,7 +54,7 @@ def seated_llama(llama_dir, tmp_path_factory):
     """One seated TP=1 engine, read by the seat test and the tensor-parallel test."""
     done, result = run_engine(llama_dir, tmp_path_factory.mktemp("seated"), SEATED)
     assert result, done.stderr[-3000:]
-    return result
+    return result | {"log": done.stdout + done.stderr}
 
 
 def test_enabled_engine_seats_the_model_and_counts_calls_with_the_tokens(seated_llama):
@@ -71,6 +71,13 @@ def test_enabled_engine_seats_the_model_and_counts_calls_with_the_tokens(seated_
     assert len(result["tokens"]["12"]) == 12
     assert result["compile_cache_disabled"] == "1", "a cached compiled graph would bypass the seats"
     assert result["inductor_pdl"] == "1", "the seated forms start early only after a kernel launched with PDL"
+
+
+def test_the_engine_s_compile_takes_each_seated_gate_up_s_activation_into_its_epilogue(seated_llama):
+    """vLLM's compile (plain inductor on the CPU backend) runs the plugin's post-grad pass: both
+    layers' SiLU-and-mul, spelled by vLLM's ``SiluAndMul.forward_native``, become one op with
+    their seated gate-and-up projection."""
+    assert "flashrt: 2 SiLU-and-mul fused into the epilogue of seated gate-and-up projections" in seated_llama["log"]
 
 
 def test_engine_with_nothing_seatable_starts_unmodified_and_says_why(llama_dir, tmp_path):
