@@ -51,8 +51,11 @@ SEATED = {"FLASHRT_ENABLE": "1", "FLASHRT_MIN_PARAMS": "0", "FLASHRT_PARITY_FLOO
 
 @pytest.fixture(scope="module")
 def seated_llama(llama_dir, tmp_path_factory):
-    """One seated TP=1 engine, read by the seat test and the tensor-parallel test."""
-    done, result = run_engine(llama_dir, tmp_path_factory.mktemp("seated"), SEATED)
+    """One seated TP=1 engine, read by the seat test, the fusion test and the tensor-parallel
+    test. Compiled afresh: a graph inductor's caches hold (this machine's earlier runs) skips the
+    post-grad passes, so the fusion's log line would not be written."""
+    fresh = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}
+    done, result = run_engine(llama_dir, tmp_path_factory.mktemp("seated"), SEATED | fresh)
     assert result, done.stderr[-3000:]
     return result | {"log": done.stdout + done.stderr}
 
