@@ -71,15 +71,23 @@ def _half(node: torch.fx.Node, source: torch.fx.Node, width: int) -> int | None:
     return None
 
 
+def _elementwise_candidate(node: torch.fx.Node) -> bool:
+    """An aten or prims op: what the check may run at compile time. A custom op, a collective
+    (``_c10d_functional``) or a Python function is never run, so never part of a chain."""
+    target = node.target
+    return isinstance(target, torch._ops.OpOverload) and target.namespace in ("aten", "prims")
+
+
 def _chain(top: torch.fx.Node, gate: torch.fx.Node) -> list[torch.fx.Node] | None:
     """The nodes ``top`` is computed from, back to ``gate``, in graph order, or None where any
-    of them reads something else (a placeholder, another tensor) or the chain is too long."""
+    of them reads something else (a placeholder, another tensor), is not an aten or prims op,
+    or the chain is too long."""
     seen, stack = {}, [top]
     while stack:
         node = stack.pop()
         if node is gate or node in seen:
             continue
-        if node.op != "call_function" or len(seen) >= MAX_CHAIN:
+        if node.op != "call_function" or not _elementwise_candidate(node) or len(seen) >= MAX_CHAIN:
             return None
         seen[node] = None
         for arg in node.all_input_nodes:

@@ -12,6 +12,17 @@ from transformers.models.llama.modeling_llama import LlamaMLP
 HIDDEN, INTER = 64, 96
 
 
+@torch.library.custom_op("fusion_test::silu", mutates_args=())
+def opaque_silu(x: torch.Tensor) -> torch.Tensor:
+    """``silu`` behind a custom op: what the pass must not run at compile time to find out."""
+    return F.silu(x)
+
+
+@opaque_silu.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
 class _Rewrites:
     """The pass as inductor runs it, counting what it rewrote and which ops the graph kept."""
 
@@ -96,6 +107,7 @@ def test_a_seated_gate_up_takes_the_silu_and_mul_after_it_in_both_spellings(make
         (VllmMLP(activation=lambda g: F.silu(g) * 2), "silu times two"),
         (VllmMLP(bias=True), "a bias, which the epilogue does not add"),
         (VllmMLP(keep=True), "the projection's output is read besides"),
+        (VllmMLP(activation=opaque_silu), "a custom op, which the check never runs"),
     ],
 )
 def test_anything_but_a_bias_free_silu_and_mul_of_the_whole_output_is_left_alone(model, why):
