@@ -548,18 +548,24 @@ def _check_activation(name: str, x: torch.Tensor, k: int, device: torch.device) 
         raise ValueError(f"{name}: on {x.device}, the weight on {device}; move both to one device")
 
 
-def linear(x: torch.Tensor, w: NVFP4Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x [..., K] @ dequant(W)[N, K]^T + bias -> [..., N]`` in ``x``'s dtype."""
+def _token_rows(x: torch.Tensor, w: NVFP4Weight) -> torch.Tensor:
+    """``x [..., K]`` as the ``[M, K]`` rows a projection op takes (unit stride along K), once
+    ``w`` and ``x`` are checked to meet (a ``ValueError`` naming the one that does not)."""
     check_weight("w", w)
-    n, k = w.shape
+    k = w.shape[1]
     if k % BLOCK_SIZE:
         raise ValueError(f"w: K = {k} is not a multiple of {BLOCK_SIZE}")
     _check_activation("x", x, k, w.packed.device)
+    rows = x.reshape(-1, k)
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
+def linear(x: torch.Tensor, w: NVFP4Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x [..., K] @ dequant(W)[N, K]^T + bias -> [..., N]`` in ``x``'s dtype."""
+    x2 = _token_rows(x, w)
+    n = w.shape[0]
     if bias is not None and (bias.shape != (n,) or bias.device != x.device):
         raise ValueError(f"bias: got shape {tuple(bias.shape)} on {bias.device}, need ({n},) on {x.device}")
-    x2 = x.reshape(-1, k)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
     op = _nvfp4_linear_body if eager(x2) else torch.ops.flashrt.nvfp4_linear
     out = op(x2, w.packed, w.scales, w.global_scale, bias, w.layout)
     return out.reshape(*x.shape[:-1], n)
@@ -568,16 +574,10 @@ def linear(x: torch.Tensor, w: NVFP4Weight, bias: torch.Tensor | None = None) ->
 def linear_silu_mul(x: torch.Tensor, w: NVFP4Weight) -> torch.Tensor:
     """``silu_mul(x [..., K] @ dequant(W)[2I, K]^T) -> [..., I]``: a gate-and-up projection (gate
     rows first, as vLLM merges them) and its SiLU-and-mul in one op, in ``x``'s dtype."""
-    check_weight("w", w)
-    n, k = w.shape
-    if k % BLOCK_SIZE:
-        raise ValueError(f"w: K = {k} is not a multiple of {BLOCK_SIZE}")
+    x2 = _token_rows(x, w)
+    n = w.shape[0]
     if n % 2:
         raise ValueError(f"w: {n} rows; a gate-and-up projection has an even count (gate rows, then up rows)")
-    _check_activation("x", x, k, w.packed.device)
-    x2 = x.reshape(-1, k)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
     op = _nvfp4_linear_silu_mul_body if eager(x2) else torch.ops.flashrt.nvfp4_linear_silu_mul
     out = op(x2, w.packed, w.scales, w.global_scale, w.layout)
     return out.reshape(*x.shape[:-1], n // 2)
