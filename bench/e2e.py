@@ -675,17 +675,21 @@ def prompts_for(model: torch.nn.Module, batch: int) -> torch.Tensor:
     return torch.randint(0, model.config.vocab_size, (batch, PROMPT), device="cuda")
 
 
-def compile_as_runs_do(inductor_pdl: bool, inductor_configs: str = "autotune", fuse_silu_mul: bool = True) -> None:
+def compile_as_runs_do(
+    inductor_pdl: bool, inductor_configs: str = "autotune", fuse_silu_mul: bool = True, fuse_add_norm: bool = True
+) -> None:
     """torch.compile's settings for a run: dynamo keeps a program for every batch and arm (each
     batch is compiled afresh, ``batch_program``), inductor launches its kernels with PDL where
     ``inductor_pdl`` (its ``triton.enable_pdl``, on torches that have it) and picks their configs
     as ``inductor_configs`` says (``INDUCTOR_CONFIGS``; ``heuristic`` needs
     ``heuristic_configs_available``); ``fuse_silu_mul``: the seated gate-and-up projections take
-    the SiLU-and-mul after them into their epilogue (``fusion.SiluMulPass``; the bf16 arm has no
-    seats, so nothing to rewrite)."""
+    the SiLU-and-mul after them into their epilogue, ``fuse_add_norm``: the seated projections
+    around each residual add and RMSNorm take them into theirs (``fusion.EpiloguePass``; the bf16
+    arm has no seats, so nothing to rewrite)."""
     from torch._inductor import config as inductor
 
-    inductor.post_grad_custom_post_pass = fusion.SiluMulPass() if fuse_silu_mul else None
+    fusing = fuse_silu_mul or fuse_add_norm
+    inductor.post_grad_custom_post_pass = fusion.EpiloguePass(fuse_silu_mul, fuse_add_norm) if fusing else None
     torch._dynamo.config.cache_size_limit = 64
     if hasattr(inductor.triton, "enable_pdl"):
         inductor.triton.enable_pdl = inductor_pdl
@@ -907,7 +911,7 @@ def _on_gpus(names: list[str], args, out: Path, result: dict) -> None:
     rest += ["--inductor-pdl", args.inductor_pdl] if args.inductor_pdl else []
     rest += ["--inductor-trigger", args.inductor_trigger, "--tune-after-us", str(args.tune_after_us)]
     rest += ["--pdl-arms", args.pdl_arms, "--inductor-configs", args.inductor_configs]
-    rest += ["--fuse-silu-mul", args.fuse_silu_mul]
+    rest += ["--fuse-silu-mul", args.fuse_silu_mul, "--fuse-add-norm", args.fuse_add_norm]
     queues = [names[i::gpus] for i in range(gpus)]
     procs = []
     for gpu, queue in enumerate(queues):
@@ -998,6 +1002,14 @@ def main(argv: list[str] | None = None) -> int:
         help="the seated gate-and-up projections take the SiLU-and-mul after them into their epilogue "
         "(runtime/fusion.py's post-grad pass)",
     )
+    parser.add_argument(
+        "--fuse-add-norm",
+        choices=("on", "off"),
+        default="on",
+        help="the seated projections around each residual add and RMSNorm take them into their epilogues: "
+        "the add, the norm's weight and sums of squares in o's and down's, its per-token scale in those it feeds "
+        "(runtime/fusion.py's post-grad pass)",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -1028,7 +1040,7 @@ def main(argv: list[str] | None = None) -> int:
             "test_configs.force_filter_reduction_configs; use autotune"
         )
         return 2
-    compile_as_runs_do(inductor_pdl, args.inductor_configs, args.fuse_silu_mul == "on")
+    compile_as_runs_do(inductor_pdl, args.inductor_configs, args.fuse_silu_mul == "on", args.fuse_add_norm == "on")
     if args.inductor_trigger == "wait":
         inductor_trigger.install()
     ops.SERVED_AFTER_US = args.tune_after_us
@@ -1048,6 +1060,7 @@ def main(argv: list[str] | None = None) -> int:
         "pdl_arms": args.pdl_arms if inductor_pdl else "off",
         "inductor_configs": args.inductor_configs,
         "fuse_silu_mul": args.fuse_silu_mul == "on",
+        "fuse_add_norm": args.fuse_add_norm == "on",
         "router_logits_max_tokens": router_topk.LOGITS_MAX_TOKENS,
         "models": [],
         "rows": [],

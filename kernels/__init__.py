@@ -16,7 +16,15 @@ from flashrt.kernels.nvfp4 import (
     to_compressed_tensors,
     to_modelopt,
 )
-from flashrt.kernels.ops import linear, linear_reference, linear_silu_mul, moe, moe_reference
+from flashrt.kernels.ops import (
+    linear,
+    linear_add_norm,
+    linear_normed,
+    linear_reference,
+    linear_silu_mul,
+    moe,
+    moe_reference,
+)
 
 __all__ = [
     "NVFP4Weight",
@@ -25,6 +33,8 @@ __all__ = [
     "from_compressed_tensors",
     "from_modelopt",
     "linear",
+    "linear_add_norm",
+    "linear_normed",
     "linear_reference",
     "linear_silu_mul",
     "moe",

@@ -2,14 +2,14 @@
 
 Triton compiles to a cubin for a GPU it does not have (``GPUTarget``), with the ptxas it ships,
 so a machine without a GPU proves that nothing offered on sm_90, sm_100, sm_110 or sm_120 fails
-to build. ``builds()`` enumerates (kernel, signature, constexprs). All of them, 1948 a target
-and 2174 for sm_90 (``Build.targets``: the ``wgmma`` forms are sm_90's; the ring forms and the
+to build. ``builds()`` enumerates (kernel, signature, constexprs). All of them, 4532 a target
+and 4758 for sm_90 (``Build.targets``: the ``wgmma`` forms are sm_90's; the ring forms and the
 dequant each twice, for the checkpoint's layout and ``ring_layout``'s, the ring forms' split
-launches twice more, summed by a reduce or folded, and the decode ring form and the ring
-expert downs with PDL and without), take hours of one CPU core for the four targets (at c866faf
-341 took 34 minutes; at 6b01d1d, on sm_100, the 64 builds of ``linear_mma`` were 266 s of 592);
-CI builds ``pairwise(builds())`` instead, 195 a target and 220 for sm_90 (a warp-specialized
-kernel's register cap is one of the settings covered).
+launches twice more, summed by a reduce or folded, the decode ring forms with each of their
+epilogues, and they and the ring expert downs with PDL and without), take hours of one CPU core
+for the four targets (at c866faf 341 took 34 minutes; at 6b01d1d, on sm_100, the 64 builds of
+``linear_mma`` were 266 s of 592); CI builds ``pairwise(builds())`` instead, 203 a target and
+228 for sm_90 (a warp-specialized kernel's register cap is one of the settings covered).
 """
 
 from __future__ import annotations
@@ -100,8 +100,36 @@ _RING_SIG = {
     **{"folded_ptr": "*bf16", "arrivals_ptr": "*i32"},
     **{k: v for k, v in _GEMV_GLUON_SIG.items() if not k.endswith("_ptr")},
 }
-_MMA_GLUON_SIG = {**_RING_SIG, "chunk_words": "i32", "chunk_scales": "i32"}
-_K_WARPS_SIG = {**_GEMV_GLUON_SIG, "chunk_words": "i32", "chunk_scales": "i32"}
+# The decode ring forms also take a residual add and RMSNorm's operands (``linear_mma_gluon.AddNorm``).
+_NORM_SIG = {
+    **{f"{name}_ptr": "*bf16" for name in ("residual", "norm_weight", "weighted")},
+    "sumsq_ptr": "*fp32",
+    "eps": "fp32",
+}
+_MMA_GLUON_SIG = {**_RING_SIG, "chunk_words": "i32", "chunk_scales": "i32", **_NORM_SIG}
+_K_WARPS_SIG = {**_GEMV_GLUON_SIG, "chunk_words": "i32", "chunk_scales": "i32", **_NORM_SIG}
+# A decode ring form's epilogues: plain, the SiLU-and-mul, a residual add and norm, the norm's
+# scale, and the scale before the SiLU-and-mul (a gate-and-up projection fed by a norm).
+_EPILOGUES = (
+    {"SILU_MUL": False},
+    {"SILU_MUL": True},
+    {"SILU_MUL": False, "ADD_NORM": True},
+    {"SILU_MUL": False, "NORM_SCALE": True},
+    {"SILU_MUL": True, "NORM_SCALE": True},
+)
+
+
+def _epilogues(cfg: dict, m: int, fold: bool = False) -> Iterator[dict]:
+    """The epilogues a decode ring config builds with: a norm only unsplit (``norm_operands``),
+    with the group its launches at ``m`` tokens take; a folded split never with the SiLU-and-mul."""
+    for epilogue in _EPILOGUES:
+        norm = epilogue.get("ADD_NORM") or epilogue.get("NORM_SCALE")
+        if (norm and cfg.get("SPLIT_K", 1) > 1) or (fold and epilogue["SILU_MUL"]):
+            continue
+        group = linear_mma_gluon.norm_group(m) if norm else 16
+        yield {"ADD_NORM": False, "NORM_SCALE": False} | epilogue | {"NORM_GROUP": group}
+
+
 _W4A4_SIG = {
     "xq_ptr": "*u8",
     "xs_ptr": "*u8",
@@ -447,24 +475,23 @@ def builds() -> Iterator[Build]:
             warps = cfg["WARPS_N"] * cfg["WARPS_K"]
             yield from unique(Build("linear_gemv_gluon", fn, sig, consts, warps, 1))
         for cfg, layout in product(linear_mma_gluon.configs(m, 4096, 4096), linear_mma_gluon.LAYOUTS):
-            for fold, pdl, silu_mul in product(_folds(cfg), (False, True), (False, True)):
-                if fold and silu_mul:  # a SiLU-and-mul launch's splits are reduced, never folded
-                    continue
-                consts = {"HAS_BIAS": False, "CHUNKS": 1, "LAYOUT": layout, "FOLD": fold, "PDL": pdl} | cfg
-                consts |= {"SILU_MUL": silu_mul}
-                consts |= _one_token(m)
-                sig, consts = _split_build(_MMA_GLUON_SIG, consts, cfg.get("SPLIT_K", 1))
-                fn = linear_mma_gluon.nvfp4_linear_mma_gluon_kernel
-                yield from unique(Build("linear_mma_gluon", fn, sig, consts, cfg["WARPS"], 1))
-        for cfg, layout, pdl, silu_mul in product(
-            linear_k_warps_gluon.configs(m, 4096, 4096), linear_k_warps_gluon.LAYOUTS, (False, True), (False, True)
+            for fold, pdl in product(_folds(cfg), (False, True)):
+                for epilogue in _epilogues(cfg, m, fold):
+                    consts = {"HAS_BIAS": False, "CHUNKS": 1, "LAYOUT": layout, "FOLD": fold, "PDL": pdl} | cfg
+                    consts |= epilogue | _one_token(m)
+                    sig, consts = _split_build(_MMA_GLUON_SIG, consts, cfg.get("SPLIT_K", 1))
+                    fn = linear_mma_gluon.nvfp4_linear_mma_gluon_kernel
+                    yield from unique(Build("linear_mma_gluon", fn, sig, consts, cfg["WARPS"], 1))
+        for cfg, layout, pdl in product(
+            linear_k_warps_gluon.configs(m, 4096, 4096), linear_k_warps_gluon.LAYOUTS, (False, True)
         ):
-            consts = {"HAS_BIAS": False, "LAYOUT": layout, "PDL": pdl, "SILU_MUL": silu_mul} | cfg
-            fn = linear_k_warps_gluon.nvfp4_linear_k_warps_gluon_kernel
-            warps = cfg["K_WARPS"] * cfg["ROW_WARPS"]
-            yield from unique(
-                Build("linear_k_warps_gluon", fn, _with_constexprs(_K_WARPS_SIG, consts), consts, warps, 1)
-            )
+            for epilogue in _epilogues(cfg, m):
+                consts = {"HAS_BIAS": False, "LAYOUT": layout, "PDL": pdl} | epilogue | cfg
+                fn = linear_k_warps_gluon.nvfp4_linear_k_warps_gluon_kernel
+                warps = cfg["K_WARPS"] * cfg["ROW_WARPS"]
+                yield from unique(
+                    Build("linear_k_warps_gluon", fn, _with_constexprs(_K_WARPS_SIG, consts), consts, warps, 1)
+                )
         for cfg, layout in product(linear_wgmma_gluon.configs(m, 4096, 4096), linear_wgmma_gluon.LAYOUTS):
             for fold in _folds(cfg):
                 sig, consts = _split_build(

@@ -87,9 +87,10 @@ def _ring_rows(
 @gluon.jit
 def nvfp4_linear_k_warps_gluon_kernel(
     x_ptr, words_ptr, scales_ptr, global_scale_ptr, bias_ptr, out_ptr, M, N, K, stride_xm, stride_om, stride_wn,
-    stride_sn, chunk_words, chunk_scales,
+    stride_sn, chunk_words, chunk_scales, residual_ptr, norm_weight_ptr, weighted_ptr, sumsq_ptr, eps,
     HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr, K_WARPS: gl.constexpr, ROW_WARPS: gl.constexpr,
     STAGES: gl.constexpr, LAYOUT: gl.constexpr, PDL: gl.constexpr, SILU_MUL: gl.constexpr = False,
+    ADD_NORM: gl.constexpr = False, NORM_SCALE: gl.constexpr = False, NORM_GROUP: gl.constexpr = 16,
 ):  # fmt: skip
     WARPS: gl.constexpr = K_WARPS * ROW_WARPS
     ROWS: gl.constexpr = 16 * ROW_WARPS
@@ -156,13 +157,15 @@ def nvfp4_linear_k_warps_gluon_kernel(
         b = gl.convert_layout(gl.reshape(x, (K_WARPS, _BLOCK_K, MMA_M)), B_OP, assert_trivial=True)
         acc = mma_v2(a, b, acc)
     async_copy.wait_group(0)
-    if PDL:  # the epilogue reads only the bias and global scale, which no kernel writes
+    if ring._lets_dependents_start(PDL, 1, False, ADD_NORM or NORM_SCALE):
         gdc_launch_dependents()
 
     total = gl.sum(acc, axis=0)  # [ROWS, MMA_M]: across the warps, through shared memory
     ring._store_product(
-        total, pid_n, pid_m, 0, out_ptr, bias_ptr, global_scale_ptr, M, N, stride_om, HAS_BIAS, BLOCK_M, 1, 1, WARPS,
-        SILU_MUL=SILU_MUL,
+        total, pid_n, pid_m, 0, out_ptr, bias_ptr, global_scale_ptr, M, N, K, stride_om, HAS_BIAS, BLOCK_M, 1, 1,
+        WARPS, SILU_MUL=SILU_MUL, ADD_NORM=ADD_NORM, NORM_SCALE=NORM_SCALE, NORM_GROUP=NORM_GROUP,
+        residual_ptr=residual_ptr, norm_weight_ptr=norm_weight_ptr, weighted_ptr=weighted_ptr, sumsq_ptr=sumsq_ptr,
+        eps=eps,
     )  # fmt: skip
 
 
@@ -202,10 +205,13 @@ def launch(
     out: torch.Tensor,
     config: dict,
     use_prmt: bool,
+    add_norm: ring.AddNorm | None = None,
+    norm_scale: ring.NormScale | None = None,
 ) -> torch.Tensor:
     """``out = x @ W^T`` (+ bias), one launch; ``use_prmt`` is unused. bf16 activations, K in
     whole ring steps a chunk. Launched with PDL as the ring form is (``linear_mma_gluon.PDL_LAUNCH``).
-    ``SILU_MUL`` in ``config``: ``out [M, N / 2]``, as the ring form's (``ring.paired_row``)."""
+    ``SILU_MUL`` in ``config``: ``out [M, N / 2]``, as the ring form's (``ring.paired_row``).
+    ``add_norm``, ``norm_scale``: a residual add and RMSNorm in the epilogue (``ring.norm_operands``)."""
     ring.check_ring_operands(x, packed, scales)
     m, k = x.shape
     n = packed.shape[0]
@@ -215,6 +221,7 @@ def launch(
         ring.check_silu_mul(n, 16 * config["ROW_WARPS"], bias, out)
     if k % (k_warps * BLOCK_K):
         raise ValueError(f"K={k} with K_WARPS={k_warps}: each warp's chunk of K must be whole {BLOCK_K}-wide steps")
+    norm = ring.norm_operands(out, 16 * config["ROW_WARPS"], 1, add_norm, norm_scale)
     x = ring.aligned_activations(x)
     chunk_words = k // 8 // k_warps
     pdl = launch_pdl(ring.PDL_LAUNCH)
@@ -224,6 +231,6 @@ def launch(
         bias if bias is not None else out, out, m, n, k, x.stride(0), out.stride(0), packed.stride(0) // 4,
         scales.stride(0) // 4, chunk_words, chunk_words // 8, HAS_BIAS=bias is not None, BLOCK_M=config["BLOCK_M"],
         K_WARPS=k_warps, ROW_WARPS=config["ROW_WARPS"], STAGES=config["STAGES"], LAYOUT=config.get("LAYOUT", 0),
-        PDL=pdl, SILU_MUL=silu_mul, num_warps=k_warps * config["ROW_WARPS"], launch_pdl=pdl,
+        PDL=pdl, SILU_MUL=silu_mul, num_warps=k_warps * config["ROW_WARPS"], launch_pdl=pdl, **norm,
     )  # fmt: skip
     return out

@@ -59,6 +59,8 @@ checks the kernel against the reference.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from flashrt.kernels import ring_layout
 from flashrt.kernels.decode import cdiv, launch_pdl, placed_pairs, shift_ptx
@@ -493,14 +495,15 @@ def _ring_product(
 
 
 @gluon.constexpr_function
-def _lets_dependents_start(pdl, split_k, fold):
+def _lets_dependents_start(pdl, split_k, fold, norm=False):
     """Whether a ring-form linear launched with PDL lets the kernel after it start once its ring
     is read (``gdc_launch_dependents``), before its epilogue. Safe only where the epilogue reads
     nothing that kernel may write: it reads the bias and global scale, which no kernel writes,
     but a folded split also reads the partials, scratch freed when the launcher returns, which
-    the allocator hands the next kernel, so that one starts only when this one ends. Called
+    the allocator hands the next kernel, so that one starts only when this one ends; so does a
+    launch with a norm in its epilogue (``norm``: the residual, the sums of squares). Called
     after ``gdc_wait``: a kernel it lets start has waited for every kernel before."""
-    return pdl and not (fold and split_k > 1)
+    return pdl and not (fold and split_k > 1) and not norm
 
 
 @gluon.constexpr_function
@@ -619,19 +622,121 @@ def _store_silu_mul(acc, first_row, first_token, columns, M, N, out_ptr, stride_
 
 
 @gluon.jit
-def _store_chunks(
-    acc, pid_n, pid_m, out_ptr, bias_ptr, global_scale_ptr, M, N, stride_om, HAS_BIAS: gl.constexpr,
-    BLOCK_M: gl.constexpr, CHUNKS: gl.constexpr, WARPS: gl.constexpr, SILU_MUL: gl.constexpr = False,
+def _norm_scale(sumsq_ptr, tokens, M, K, eps, NORM_GROUP: gl.constexpr, WARPS: gl.constexpr):
+    """Each token of ``tokens``'s RMSNorm scale ``rsqrt(mean(h**2) + eps)`` over the ``K``
+    features of its activation, from the sums of squares its producer stored in groups of
+    ``NORM_GROUP`` features (``sumsq [M, K / NORM_GROUP]``, ``_store_add_norm``), summed in group
+    order by every program alike: deterministic, as the ordered reduce is."""
+    TOKENS: gl.constexpr = tokens.type.layout  # Triton 3.6 takes a layout only as a constexpr
+    T: gl.constexpr = tokens.shape[0]
+    BLOCK: gl.constexpr = 32 * WARPS
+    PARTS: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [WARPS, 1], [0, 1])
+    groups = K // NORM_GROUP
+    token = gl.convert_layout(tokens, gl.SliceLayout(0, PARTS))
+    group = gl.arange(0, BLOCK, layout=gl.SliceLayout(1, PARTS))
+    base = sumsq_ptr + gl.expand_dims(token.to(gl.int64) * groups, 0)
+    live = gl.expand_dims(token < M, 0)
+    total = gl.zeros([BLOCK, T], gl.float32, layout=PARTS)
+    for start in range(0, groups, BLOCK):
+        at = start + group
+        total += gl.load(base + gl.expand_dims(at, 1), mask=gl.expand_dims(at < groups, 1) & live, other=0.0)
+    scale = gl.rsqrt(gl.sum(total, axis=0) / K + eps)
+    return gl.convert_layout(scale, TOKENS)
+
+
+@gluon.jit
+def _store_add_norm(
+    acc, first_row, first_token, columns, M, N, out_ptr, stride_om, residual_ptr, norm_weight_ptr, weighted_ptr,
+    sumsq_ptr, NORM_GROUP: gl.constexpr, WARPS: gl.constexpr,
 ):  # fmt: skip
-    """The chunked tile ``acc [CHUNKS x rows, CHUNKS x tokens]`` into ``out`` (``_sum_chunks``)."""
+    """A residual add and the RMSNorm after it, where the projection's tile ``acc [rows, tokens]``
+    (scaled, fp32, layout ``_store_fused``'s) ends: ``out = residual + acc`` (the residual stream
+    the next layer adds to), ``weighted = out * weight`` (the norm's input times its weight,
+    which the projections it feeds read as their activations) and each token's sum of
+    ``out**2`` over each ``NORM_GROUP`` rows into ``sumsq [M, N / NORM_GROUP]``: what the
+    projections it feeds finish the norm with (``_norm_scale``), a per-token factor that passes
+    through their sums. ``out`` is rounded before it is squared and weighted, as vLLM's
+    residual is before the next layer reads it."""
+    ROWS: gl.constexpr = acc.shape[0]
+    T: gl.constexpr = acc.shape[1]
+    OUT: gl.constexpr = acc.type.layout
+    rows = first_row + gl.arange(0, ROWS, layout=gl.SliceLayout(1, OUT))
+    column = gl.arange(0, T, layout=gl.SliceLayout(0, OUT))
+    tokens = first_token + column
+    mask = gl.expand_dims(rows < N, 1) & gl.expand_dims((tokens < M) & (column < columns), 0)
+    at = gl.expand_dims(tokens.to(gl.int64) * stride_om, 0) + gl.expand_dims(rows, 1)
+    h = (acc + gl.load(residual_ptr + at, mask=mask, other=0.0).to(gl.float32)).to(out_ptr.dtype.element_ty)
+    gl.store(out_ptr + at, h, mask=mask)
+    h = h.to(gl.float32)
+    weight = gl.load(norm_weight_ptr + rows, mask=rows < N, other=0.0).to(gl.float32)
+    gl.store(weighted_ptr + at, (h * gl.expand_dims(weight, 1)).to(weighted_ptr.dtype.element_ty), mask=mask)
+    squares = gl.where(mask, h * h, 0.0)
+    PARTS: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [WARPS, 1], [1, 0])
+    parts = gl.sum(gl.reshape(squares, [ROWS // NORM_GROUP, NORM_GROUP, T]), axis=1)
+    parts = gl.convert_layout(parts, PARTS)
+    groups = N // NORM_GROUP
+    group = first_row // NORM_GROUP + gl.arange(0, ROWS // NORM_GROUP, layout=gl.SliceLayout(1, PARTS))
+    part_column = gl.arange(0, T, layout=gl.SliceLayout(0, PARTS))
+    part_tokens = first_token + part_column
+    keep = gl.expand_dims(group < groups, 1) & gl.expand_dims((part_tokens < M) & (part_column < columns), 0)
+    where = sumsq_ptr + gl.expand_dims(part_tokens.to(gl.int64) * groups, 0) + gl.expand_dims(group, 1)
+    gl.store(where, parts, mask=keep)
+
+
+@gluon.jit
+def _store_fused(
+    acc, first_row, first_token, columns, M, N, K, out_ptr, stride_om, bias_ptr, HAS_BIAS: gl.constexpr,
+    SILU_MUL: gl.constexpr, ADD_NORM: gl.constexpr, NORM_SCALE: gl.constexpr, NORM_GROUP: gl.constexpr,
+    residual_ptr, norm_weight_ptr, weighted_ptr, sumsq_ptr, eps, WARPS: gl.constexpr,
+):  # fmt: skip
+    """An unsplit tile ``acc [rows, tokens]`` (scaled, fp32; rows from ``first_row``, its first
+    ``columns`` columns tokens from ``first_token``) with what ``runtime.fusion`` moved into the
+    projection: the norm's per-token scale first (``NORM_SCALE``, before the bias and the
+    activation, which are not linear in it), then the SiLU-and-mul (``_store_silu_mul``) or the
+    bias and the residual add and norm after it (``ADD_NORM``, ``_store_add_norm``)."""
+    ROWS: gl.constexpr = acc.shape[0]
+    T: gl.constexpr = acc.shape[1]
+    OUT: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [WARPS, 1], [1, 0])
+    acc = gl.convert_layout(acc, OUT)
+    column = gl.arange(0, T, layout=gl.SliceLayout(0, OUT))
+    tokens = first_token + column
+    if NORM_SCALE:
+        acc = acc * gl.expand_dims(_norm_scale(sumsq_ptr, tokens, M, K, eps, NORM_GROUP, WARPS), 0)
+    if SILU_MUL:
+        _store_silu_mul(acc, first_row, first_token, columns, M, N, out_ptr, stride_om, WARPS)
+    else:
+        rows = first_row + gl.arange(0, ROWS, layout=gl.SliceLayout(1, OUT))
+        if HAS_BIAS:
+            acc += gl.expand_dims(gl.load(bias_ptr + rows, mask=rows < N, other=0.0).to(gl.float32), 1)
+        if ADD_NORM:
+            _store_add_norm(
+                acc, first_row, first_token, columns, M, N, out_ptr, stride_om, residual_ptr, norm_weight_ptr,
+                weighted_ptr, sumsq_ptr, NORM_GROUP, WARPS,
+            )  # fmt: skip
+        else:
+            mask = gl.expand_dims(rows < N, 1) & gl.expand_dims((tokens < M) & (column < columns), 0)
+            out = out_ptr + gl.expand_dims(tokens.to(gl.int64) * stride_om, 0) + gl.expand_dims(rows, 1)
+            gl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@gluon.jit
+def _store_chunks(
+    acc, pid_n, pid_m, out_ptr, bias_ptr, global_scale_ptr, M, N, K, stride_om, HAS_BIAS: gl.constexpr,
+    BLOCK_M: gl.constexpr, CHUNKS: gl.constexpr, WARPS: gl.constexpr, SILU_MUL: gl.constexpr = False,
+    ADD_NORM: gl.constexpr = False, NORM_SCALE: gl.constexpr = False, NORM_GROUP: gl.constexpr = 16,
+    residual_ptr=0, norm_weight_ptr=0, weighted_ptr=0, sumsq_ptr=0, eps=0.0,
+):  # fmt: skip
+    """The chunked tile ``acc [CHUNKS x rows, CHUNKS x tokens]`` into ``out`` (``_sum_chunks``),
+    through ``_store_fused`` where the launch fuses anything."""
     BLOCK_N: gl.constexpr = acc.shape[0]
     MMA_M: gl.constexpr = acc.shape[1]
     acc = _sum_chunks(acc, BLOCK_M, CHUNKS, WARPS)
     acc = acc * (gl.load(global_scale_ptr) * _EPILOGUE_FACTOR)
-    if SILU_MUL:
-        _store_silu_mul(
-            acc, pid_n * (BLOCK_N // CHUNKS), pid_m * (BLOCK_M // CHUNKS), BLOCK_M // CHUNKS, M, N, out_ptr, stride_om,
-            WARPS,
+    if SILU_MUL or ADD_NORM or NORM_SCALE:
+        _store_fused(
+            acc, pid_n * (BLOCK_N // CHUNKS), pid_m * (BLOCK_M // CHUNKS), BLOCK_M // CHUNKS, M, N, K, out_ptr,
+            stride_om, bias_ptr, HAS_BIAS, SILU_MUL, ADD_NORM, NORM_SCALE, NORM_GROUP, residual_ptr, norm_weight_ptr,
+            weighted_ptr, sumsq_ptr, eps, WARPS,
         )  # fmt: skip
     else:
         OUT: gl.constexpr = acc.type.layout
@@ -669,6 +774,12 @@ def nvfp4_linear_mma_gluon_kernel(
     # a chunk of a row (CHUNKS > 1), in int32 weight words and int32 scale words
     chunk_words,
     chunk_scales,
+    # a residual add and RMSNorm in the epilogue (``NormEpilogue``)
+    residual_ptr,
+    norm_weight_ptr,
+    weighted_ptr,
+    sumsq_ptr,
+    eps,
     # meta-parameters
     HAS_BIAS: gl.constexpr,
     BLOCK_M: gl.constexpr,
@@ -681,6 +792,9 @@ def nvfp4_linear_mma_gluon_kernel(
     FOLD: gl.constexpr,
     PDL: gl.constexpr,
     SILU_MUL: gl.constexpr = False,
+    ADD_NORM: gl.constexpr = False,
+    NORM_SCALE: gl.constexpr = False,
+    NORM_GROUP: gl.constexpr = 16,
 ):
     BLOCK_N: gl.constexpr = 16 * ROW_TILES * WARPS
     SCALES: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, words_layout(ROW_TILES, WARPS)))
@@ -699,11 +813,12 @@ def nvfp4_linear_mma_gluon_kernel(
     )
     acc = _ring_product(
         x_ptr, words_ptr, scales_ptr, word_off, scale_off, x_off, x_mask, first, steps, BLOCK_M, ROW_TILES, WARPS,
-        STAGES, LAYOUT=LAYOUT, PDL=PDL, TRIGGER=_lets_dependents_start(PDL, SPLIT_K, FOLD),
+        STAGES, LAYOUT=LAYOUT, PDL=PDL, TRIGGER=_lets_dependents_start(PDL, SPLIT_K, FOLD, ADD_NORM or NORM_SCALE),
     )  # fmt: skip
     _store_product(
-        acc, pid_n, pid_m, pid_k, out_ptr, bias_ptr, global_scale_ptr, M, N, stride_om, HAS_BIAS, BLOCK_M, SPLIT_K,
-        CHUNKS, WARPS, FOLD, folded_ptr, arrivals_ptr, SILU_MUL,
+        acc, pid_n, pid_m, pid_k, out_ptr, bias_ptr, global_scale_ptr, M, N, K, stride_om, HAS_BIAS, BLOCK_M,
+        SPLIT_K, CHUNKS, WARPS, FOLD, folded_ptr, arrivals_ptr, SILU_MUL, ADD_NORM, NORM_SCALE, NORM_GROUP,
+        residual_ptr, norm_weight_ptr, weighted_ptr, sumsq_ptr, eps,
     )  # fmt: skip
 
 
@@ -736,20 +851,26 @@ def _activation_tile(
 
 @gluon.jit
 def _store_product(
-    acc, pid_n, pid_m, pid_k, out_ptr, bias_ptr, global_scale_ptr, M, N, stride_om, HAS_BIAS: gl.constexpr,
+    acc, pid_n, pid_m, pid_k, out_ptr, bias_ptr, global_scale_ptr, M, N, K, stride_om, HAS_BIAS: gl.constexpr,
     BLOCK_M: gl.constexpr, SPLIT_K: gl.constexpr, CHUNKS: gl.constexpr, WARPS: gl.constexpr,
     FOLD: gl.constexpr = False, folded_ptr=0, arrivals_ptr=0, SILU_MUL: gl.constexpr = False,
+    ADD_NORM: gl.constexpr = False, NORM_SCALE: gl.constexpr = False, NORM_GROUP: gl.constexpr = 16,
+    residual_ptr=0, norm_weight_ptr=0, weighted_ptr=0, sumsq_ptr=0, eps=0.0,
 ):  # fmt: skip
     """A program's ``acc [BLOCK_N, max(BLOCK_M, 8)]`` into ``out``: a tile of rows and tokens
     (``_store_tile``, fp32 partials when split, summed into ``folded_ptr`` by the last split
-    where ``FOLD``; ``_store_silu_mul`` unsplit for ``SILU_MUL``, the reduce's when split) or one
-    of chunks (``_store_chunks``)."""
+    where ``FOLD``; ``_store_fused`` unsplit where the launch fuses an activation or a norm, the
+    reduce's SiLU-and-mul when split) or one of chunks (``_store_chunks``). A split launch never
+    fuses a norm (``NormEpilogue``)."""
     BLOCK_N: gl.constexpr = acc.shape[0]
     MMA_M: gl.constexpr = acc.shape[1]
     ACC: gl.constexpr = acc.type.layout
-    if CHUNKS == 1 and SILU_MUL and SPLIT_K == 1:
+    if CHUNKS == 1 and SPLIT_K == 1 and (SILU_MUL or ADD_NORM or NORM_SCALE):
         acc = acc * (gl.load(global_scale_ptr) * _EPILOGUE_FACTOR)
-        _store_silu_mul(acc, pid_n * BLOCK_N, pid_m * BLOCK_M, BLOCK_M, M, N, out_ptr, stride_om, WARPS)
+        _store_fused(
+            acc, pid_n * BLOCK_N, pid_m * BLOCK_M, BLOCK_M, M, N, K, out_ptr, stride_om, bias_ptr, HAS_BIAS, SILU_MUL,
+            ADD_NORM, NORM_SCALE, NORM_GROUP, residual_ptr, norm_weight_ptr, weighted_ptr, sumsq_ptr, eps, WARPS,
+        )  # fmt: skip
     elif CHUNKS == 1:
         offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
         column = gl.arange(0, MMA_M, layout=gl.SliceLayout(0, ACC))
@@ -765,8 +886,9 @@ def _store_product(
             )  # fmt: skip
     else:
         _store_chunks(
-            acc, pid_n, pid_m, out_ptr, bias_ptr, global_scale_ptr, M, N, stride_om, HAS_BIAS, BLOCK_M, CHUNKS, WARPS,
-            SILU_MUL,
+            acc, pid_n, pid_m, out_ptr, bias_ptr, global_scale_ptr, M, N, K, stride_om, HAS_BIAS, BLOCK_M, CHUNKS,
+            WARPS, SILU_MUL, ADD_NORM, NORM_SCALE, NORM_GROUP, residual_ptr, norm_weight_ptr, weighted_ptr, sumsq_ptr,
+            eps,
         )  # fmt: skip
 
 
@@ -783,6 +905,73 @@ def aligned_activations(x: torch.Tensor) -> torch.Tensor:
     return x if _copyable(x) else x.clone(memory_format=torch.contiguous_format)
 
 
+@dataclass(frozen=True)
+class AddNorm:
+    """A residual add and the RMSNorm after it, in the epilogue of the projection before them
+    (o, down; ``_store_add_norm``): the launch's ``out [M, N]`` becomes ``residual + x @ W^T``,
+    ``weighted`` that times the norm's ``weight``, and ``sumsq`` holds at its front each
+    token's sums of squares of ``out`` over each ``group`` rows, ``[M, N / group]``."""
+
+    residual: torch.Tensor
+    weight: torch.Tensor
+    weighted: torch.Tensor
+    sumsq: torch.Tensor
+    group: int
+
+
+@dataclass(frozen=True)
+class NormScale:
+    """The RMSNorm's per-token scale, in the epilogue of a projection it feeds (``_norm_scale``):
+    the launch reads ``AddNorm.weighted`` as ``x`` and multiplies its product by
+    ``rsqrt(sum of sumsq's [M, K / group] / K + eps)`` before the bias or activation."""
+
+    sumsq: torch.Tensor
+    group: int
+    eps: float
+
+
+def norm_group(m: int) -> int:
+    """Rows a sum of squares covers in an ``AddNorm`` launch at ``m`` tokens: the fewest rows a
+    program of the forms with the epilogue holds there (the chunked forms cut 32-row programs in
+    8 chunks at one token, 4 at two, 2 at three or four; the others hold 16 or more), so every
+    program stores whole groups, and each projection the norm feeds reads ``K / group`` sums a
+    token (Llama-3-8B's 4096 features: 1024 at one token, 256 at eight, 4 KiB and 8 KiB)."""
+    return 4 if m == 1 else 8 if m == 2 else 16
+
+
+def norm_operands(
+    out: torch.Tensor, rows_a_program: int, split: int, add_norm: AddNorm | None, norm_scale: NormScale | None
+) -> dict:
+    """The kernel's keyword arguments for a launch's norm epilogue (the residual, the norm's
+    weight, weighted, the sums of squares, eps, and the constexprs), unused ones (``out``, 0.0)
+    where it has none; a ``ValueError`` naming what the epilogue cannot take: both norms at
+    once, a split launch (its programs hold part of K), programs whose rows are not whole
+    groups, operands not laid out as ``out``."""
+    unused = {"residual_ptr": out, "norm_weight_ptr": out, "weighted_ptr": out, "sumsq_ptr": out, "eps": 0.0}
+    if add_norm is None and norm_scale is None:
+        return unused
+    if add_norm is not None and norm_scale is not None:
+        raise ValueError("a launch fuses the norm before it or the one after it, not both")
+    if split > 1:
+        raise ValueError(f"SPLIT_K={split}: a norm epilogue needs each program's whole K (an unsplit config)")
+    group = (add_norm or norm_scale).group
+    if add_norm is not None:
+        if rows_a_program % group:
+            raise ValueError(f"group: {group} rows a sum of squares, {rows_a_program} rows a program")
+        for name in ("residual", "weighted"):
+            t = getattr(add_norm, name)
+            if t.shape != out.shape or t.stride() != out.stride() or t.dtype != out.dtype:
+                raise ValueError(f"{name}: got {t.dtype} {tuple(t.shape)}, need {out.dtype} {tuple(out.shape)} as out")
+        if add_norm.weight.shape != (out.shape[1],):
+            raise ValueError(f"weight: got {tuple(add_norm.weight.shape)}, need ({out.shape[1]},)")
+    if add_norm is not None:
+        args = {"residual_ptr": add_norm.residual, "norm_weight_ptr": add_norm.weight}
+        args |= {"weighted_ptr": add_norm.weighted, "sumsq_ptr": add_norm.sumsq, "eps": 0.0}
+    else:
+        args = unused | {"sumsq_ptr": norm_scale.sumsq, "eps": float(norm_scale.eps)}
+    return args | {"ADD_NORM": add_norm is not None, "NORM_SCALE": norm_scale is not None, "NORM_GROUP": group}
+
+
 def launch(
     x: torch.Tensor,
     packed: torch.Tensor,
@@ -792,18 +981,23 @@ def launch(
     out: torch.Tensor,
     config: dict,
     use_prmt: bool,
+    add_norm: AddNorm | None = None,
+    norm_scale: NormScale | None = None,
 ) -> torch.Tensor:
     """Run the kernel; ``use_prmt`` is unused. K a multiple of ``BLOCK_K`` (``configs`` offers
     nothing else), and of ``CHUNKS x BLOCK_K`` where the rows are cut in chunks. Launched with
     PDL where ``PDL_LAUNCH``. ``SILU_MUL`` in ``config``: ``out [M, N / 2]`` is the SiLU-and-mul
-    of a gate-and-up projection's output (``paired_row``)."""
+    of a gate-and-up projection's output (``paired_row``). ``add_norm``, ``norm_scale``: a
+    residual add and RMSNorm in the epilogue (``norm_operands``)."""
     chunks = config.get("CHUNKS", 1)
     chunk_words = words_per_chunk(2 * packed.shape[1], chunks)  # two elements a packed byte
     pdl = launch_pdl(PDL_LAUNCH)
+    rows_a_program = 16 * config["ROW_TILES"] * config["WARPS"] // chunks
+    norm = norm_operands(out, rows_a_program, config.get("SPLIT_K", 1), add_norm, norm_scale)
     return launch_ring(
         nvfp4_linear_mma_gluon_kernel, aligned_activations, x, packed, scales, global_scale, bias, out, config, pdl,
         chunk_words=chunk_words, chunk_scales=chunk_words // 8, CHUNKS=chunks, LAYOUT=config.get("LAYOUT", 0),
-        PDL=pdl, SILU_MUL=bool(config.get("SILU_MUL", False)),
+        PDL=pdl, SILU_MUL=bool(config.get("SILU_MUL", False)), **norm,
     )  # fmt: skip
 
 

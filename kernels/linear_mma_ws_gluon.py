@@ -193,7 +193,7 @@ def _consumer(
             acc = _times_activations(acc, _weights_fragment(words, scales, WARPS, LAYOUT), x, BLOCK_M, WARPS, LAYOUT)
             it += 1
         _store_product(
-            acc, pid_n, pid_m, pid_k, out_ptr, bias_ptr, global_scale_ptr, M, N, stride_om, HAS_BIAS, BLOCK_M,
+            acc, pid_n, pid_m, pid_k, out_ptr, bias_ptr, global_scale_ptr, M, N, 0, stride_om, HAS_BIAS, BLOCK_M,
             SPLIT_K, CHUNKS, WARPS,
         )  # fmt: skip
 

@@ -58,6 +58,10 @@ MOE_FORMS = {"fused": moe_fused, "gemv_gluon": moe_gemv_gluon, "ring_gluon": moe
 # (``linear_mma_gluon.paired_row``), the decode forms. The others run the projection, then
 # ``silu_mul`` on its output: a launch more, as vLLM runs it.
 SILU_MUL_FORMS = frozenset({"mma_gluon", "k_warps_gluon"})
+# Forms whose unsplit launches take a residual add and RMSNorm in their epilogue
+# (``linear_mma_gluon.AddNorm``, ``NormScale``): the decode forms. The others run the projection
+# and then the same arithmetic in torch (``add_norm``, ``norm_scale``).
+NORM_FORMS = frozenset({"mma_gluon", "k_warps_gluon"})
 
 
 # -- references ----------------------------------------------------------------------------------
@@ -80,6 +84,64 @@ def silu_mul(y: torch.Tensor) -> torch.Tensor:
 def linear_silu_mul_reference(x: torch.Tensor, w: NVFP4Weight) -> torch.Tensor:
     """``silu_mul(x @ dequant(W)^T)`` on the float32 product, as the fused epilogue takes it."""
     return silu_mul(x.float() @ dequantize(w, torch.float32).t()).to(x.dtype)
+
+
+def sumsq_numel(m: int, n: int) -> int:
+    """Length of the sums-of-squares buffer an add-and-norm over ``n`` features at ``m`` tokens
+    returns: fixed by the finest group (one token's), so its shape does not depend on which
+    group a launch takes; ``[m, n / norm_group(m)]`` at its front is what is read."""
+    return m * (n // linear_mma_gluon.norm_group(1))
+
+
+def add_norm(
+    product: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A projection's float32 ``product [M, N]`` plus the residual, as ``AddNorm``'s epilogue
+    takes them: the residual stream ``h`` in ``dtype``; ``weighted = h * weight``; each token's
+    sums of squares of ``h`` over each ``norm_group(M)`` features, ``[M, N / group]`` at the
+    front of a ``sumsq_numel`` buffer (the rest zero)."""
+    m, n = product.shape
+    group = linear_mma_gluon.norm_group(m)
+    h = (product + residual.float()).to(dtype)
+    hf = h.float()
+    sumsq = torch.zeros(sumsq_numel(m, n), dtype=torch.float32, device=product.device)
+    sumsq[: m * (n // group)] = hf.square().view(m, n // group, group).sum(-1).flatten()
+    return h, (hf * weight.float()).to(dtype), sumsq
+
+
+def norm_scale(sumsq: torch.Tensor, m: int, k: int, eps: float) -> torch.Tensor:
+    """Each token's RMSNorm scale ``rsqrt(mean(h**2) + eps)`` from ``add_norm``'s sums of squares
+    of its ``k`` features, float32 ``[m, 1]``."""
+    groups = k // linear_mma_gluon.norm_group(m)
+    return torch.rsqrt(sumsq[: m * groups].view(m, groups).sum(1, keepdim=True) / k + eps)
+
+
+def linear_add_norm_reference(
+    x: torch.Tensor, w: NVFP4Weight, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``add_norm`` of ``x @ dequant(W)^T + bias`` in float32: the epilogue's arithmetic."""
+    product = x.float() @ dequantize(w, torch.float32).t()
+    if bias is not None:
+        product = product + bias.float()
+    return add_norm(product, residual, weight, x.dtype)
+
+
+def linear_normed_reference(
+    x: torch.Tensor,
+    w: NVFP4Weight,
+    sumsq: torch.Tensor,
+    eps: float,
+    bias: torch.Tensor | None = None,
+    silu_mul_after: bool = False,
+) -> torch.Tensor:
+    """A projection fed by a norm (``x`` is ``add_norm``'s ``weighted``): the float32 product
+    times each token's ``norm_scale``, then the bias, or the SiLU-and-mul."""
+    product = (x.float() @ dequantize(w, torch.float32).t()) * norm_scale(sumsq, x.shape[0], w.shape[1], eps)
+    if silu_mul_after:
+        return silu_mul(product).to(x.dtype)
+    if bias is not None:
+        product = product + bias.float()
+    return product.to(x.dtype)
 
 
 def moe_reference(
@@ -505,6 +567,104 @@ def _(x, packed, scales, global_scale, layout):
     return x.new_empty(x.shape[0], packed.shape[0] // 2)
 
 
+def _takes_norm(c: Candidate, n: int) -> bool:
+    """Whether a choice can launch with a norm in its epilogue: a decode form, unsplit, whole groups of rows."""
+    return c.form in NORM_FORMS and c.params.get("SPLIT_K", 1) == 1 and n % 16 == 0
+
+
+def _nvfp4_linear_add_norm_body(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    global_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    layout: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The projection's choice for the shape with the residual add and the norm's weight and
+    sums of squares in its epilogue (``linear_mma_gluon.AddNorm``) where the form has them, else
+    the projection and ``add_norm`` after it."""
+    if x.device.type != "cuda":
+        return linear_add_norm_reference(
+            x, NVFP4Weight(packed, scales, global_scale, layout), residual, norm_weight, bias
+        )
+    c = choose_linear(x, packed, scales, global_scale, bias, layout)
+    params = launch_params(c, layout)
+    m, n = x.shape[0], packed.shape[0]
+    launch = LINEAR_FORMS[c.form].launch
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if not _takes_norm(c, n):
+        launch(x, packed, scales, global_scale, bias, out, params, _use_prmt(x.device))
+        return add_norm(out.float(), residual, norm_weight, x.dtype)
+    weighted = torch.empty_like(out)
+    sumsq = torch.empty(sumsq_numel(m, n), dtype=torch.float32, device=x.device)
+    epilogue = linear_mma_gluon.AddNorm(
+        residual.contiguous(), norm_weight.contiguous(), weighted, sumsq, linear_mma_gluon.norm_group(m)
+    )
+    launch(x, packed, scales, global_scale, bias, out, params, _use_prmt(x.device), add_norm=epilogue)
+    return out, weighted, sumsq
+
+
+_nvfp4_linear_add_norm = torch.library.custom_op(
+    "flashrt::nvfp4_linear_add_norm", _nvfp4_linear_add_norm_body, mutates_args=()
+)
+
+
+@_nvfp4_linear_add_norm.register_fake
+def _(x, packed, scales, global_scale, bias, residual, norm_weight, layout):
+    m, n = x.shape[0], packed.shape[0]
+    out = x.new_empty(m, n)
+    return out, x.new_empty(m, n), x.new_empty(sumsq_numel(m, n), dtype=torch.float32)
+
+
+def _nvfp4_linear_normed_body(
+    x: torch.Tensor,
+    sumsq: torch.Tensor,
+    eps: float,
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    global_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    layout: int,
+    silu_mul_after: bool,
+) -> torch.Tensor:
+    """A projection fed by a norm: the projection's choice with the norm's per-token scale (and
+    the SiLU-and-mul where ``silu_mul_after``) in its epilogue where the form has them, else the
+    projection and ``norm_scale`` after it."""
+    if x.device.type != "cuda":
+        w = NVFP4Weight(packed, scales, global_scale, layout)
+        return linear_normed_reference(x, w, sumsq, eps, bias, silu_mul_after)
+    c = choose_linear(x, packed, scales, global_scale, None if silu_mul_after else bias, layout)
+    params = launch_params(c, layout)
+    m, n, k = x.shape[0], packed.shape[0], x.shape[1]
+    launch = LINEAR_FORMS[c.form].launch
+    if _takes_norm(c, n) and (not silu_mul_after or c.form in SILU_MUL_FORMS):
+        epilogue = linear_mma_gluon.NormScale(sumsq, linear_mma_gluon.norm_group(m), eps)
+        if silu_mul_after:
+            out = torch.empty(m, n // 2, dtype=x.dtype, device=x.device)
+            params = params | {"SILU_MUL": True}
+            return launch(x, packed, scales, global_scale, None, out, params, _use_prmt(x.device), norm_scale=epilogue)
+        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+        return launch(x, packed, scales, global_scale, bias, out, params, _use_prmt(x.device), norm_scale=epilogue)
+    product = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    launch(x, packed, scales, global_scale, None, product, params, _use_prmt(x.device))
+    out = product.float() * norm_scale(sumsq, m, k, eps)
+    if silu_mul_after:
+        return silu_mul(out).to(x.dtype)
+    return (out if bias is None else out + bias.float()).to(x.dtype)
+
+
+_nvfp4_linear_normed = torch.library.custom_op(
+    "flashrt::nvfp4_linear_normed", _nvfp4_linear_normed_body, mutates_args=()
+)
+
+
+@_nvfp4_linear_normed.register_fake
+def _(x, sumsq, eps, packed, scales, global_scale, bias, layout, silu_mul_after):
+    return x.new_empty(x.shape[0], packed.shape[0] // 2 if silu_mul_after else packed.shape[0])
+
+
 def _nvfp4_moe_body(
     hidden: torch.Tensor,
     gu_packed: torch.Tensor,
@@ -581,6 +741,59 @@ def linear_silu_mul(x: torch.Tensor, w: NVFP4Weight) -> torch.Tensor:
     op = _nvfp4_linear_silu_mul_body if eager(x2) else torch.ops.flashrt.nvfp4_linear_silu_mul
     out = op(x2, w.packed, w.scales, w.global_scale, w.layout)
     return out.reshape(*x.shape[:-1], n // 2)
+
+
+def linear_add_norm(
+    x: torch.Tensor, w: NVFP4Weight, residual: torch.Tensor, norm_weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A projection, the residual add after it and an RMSNorm's first half, in one op (o or
+    down, then the norm before the next projection): ``h = residual + x @ dequant(W)^T + bias``
+    ``[..., N]`` (the residual stream), ``weighted = h * norm_weight`` and the sums of squares
+    (``add_norm``) that ``linear_normed`` finishes the norm with."""
+    x2 = _token_rows(x, w)
+    n = w.shape[0]
+    lead = x.shape[:-1]
+    if residual.shape != (*lead, n) or residual.dtype != x.dtype or residual.device != x.device:
+        raise ValueError(
+            f"residual: got {residual.dtype} {tuple(residual.shape)} on {residual.device}, need {x.dtype} "
+            f"{(*lead, n)} on {x.device}"
+        )
+    if norm_weight.shape != (n,) or norm_weight.device != x.device:
+        raise ValueError(f"norm_weight: got shape {tuple(norm_weight.shape)} on {norm_weight.device}, need ({n},)")
+    if n % 16:
+        raise ValueError(f"w: {n} rows; a norm's sums of squares are taken over groups of 16 features")
+    if bias is not None and (bias.shape != (n,) or bias.device != x.device):
+        raise ValueError(f"bias: got shape {tuple(bias.shape)} on {bias.device}, need ({n},) on {x.device}")
+    op = _nvfp4_linear_add_norm_body if eager(x2) else torch.ops.flashrt.nvfp4_linear_add_norm
+    h, weighted, sumsq = op(
+        x2, w.packed, w.scales, w.global_scale, bias, residual.reshape(-1, n), norm_weight, w.layout
+    )
+    return h.reshape(*lead, n), weighted.reshape(*lead, n), sumsq
+
+
+def linear_normed(
+    x: torch.Tensor,
+    w: NVFP4Weight,
+    sumsq: torch.Tensor,
+    eps: float,
+    bias: torch.Tensor | None = None,
+    silu_mul_after: bool = False,
+) -> torch.Tensor:
+    """A projection fed by an RMSNorm that ``linear_add_norm`` began: ``x`` its ``weighted``,
+    ``sumsq`` its sums of squares; the product times each token's ``rsqrt(mean(h**2) + eps)``,
+    then the bias, or the SiLU-and-mul (a gate-and-up projection, ``[..., N / 2]``)."""
+    x2 = _token_rows(x, w)
+    n, k = w.shape
+    if sumsq.dtype != torch.float32 or sumsq.shape != (sumsq_numel(x2.shape[0], k),):
+        raise ValueError(
+            f"sumsq: got {sumsq.dtype} {tuple(sumsq.shape)}, need float32 ({sumsq_numel(x2.shape[0], k)},) "
+            "from linear_add_norm over these tokens"
+        )
+    if silu_mul_after and (n % 2 or bias is not None):
+        raise ValueError(f"w: {n} rows with bias {bias is not None}; a SiLU-and-mul takes an even count and no bias")
+    op = _nvfp4_linear_normed_body if eager(x2) else torch.ops.flashrt.nvfp4_linear_normed
+    out = op(x2, sumsq, float(eps), w.packed, w.scales, w.global_scale, bias, w.layout, silu_mul_after)
+    return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
 def moe(

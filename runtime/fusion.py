@@ -6,16 +6,25 @@ each is a launch that waits for the projection before it and holds up the one af
 ``h100-probe-norm-bound-b{1,8}-6b079d3.json``) leaving out the 32 SiLU-and-mul kernels saved
 22 us of 2.12 ms at batch 1 and 76 us of 2.54 ms at batch 8.
 
-``fuse_silu_mul`` runs on the graph inductor lowers (a post-grad pass, ``SiluMulPass``): the
+Same probe, batch 8: the 64 residual adds and RMSNorms (inductor fuses each pair into one
+kernel) cost 181 us. ``fuse_add_norm`` moves each into the projections around it: the add, the
+norm's weight and each token's sums of squares into the epilogue of o or down before it, the
+per-token ``rsqrt(mean + eps)`` into the epilogue of each projection it feeds, where that
+factor passes through the sums (``linear_mma_gluon.AddNorm``, ``NormScale``).
+
+The rewrites run on the graph inductor lowers (a post-grad pass, ``EpiloguePass``): the
 benchmark's ``torch.compile`` and vLLM's compile pipeline both produce it, and both spell the
-activation in plain torch (vLLM runs its custom ops natively under inductor by default), which
-inductor decomposes differently from one torch release to the next. So the rewrite does not
-match the decomposition: it takes any elementwise chain from the gate half to a product with
-the up half, and keeps it only where the chain computes ``silu`` (run on a probe tensor).
+activation and the norm in plain torch (vLLM runs its custom ops natively under inductor by
+default), which inductor decomposes differently from one torch release to the next. So the
+rewrites do not match a decomposition: they take any aten chain of the right shape (from the
+gate half to a product with the up half; from a projection's output and one more tensor to what
+only projections read) and keep it only where running it on a probe gives ``silu``, or
+``rms_norm(residual + y) * weight`` with one of the chain's constants as eps.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import operator
@@ -30,6 +39,9 @@ log = logging.getLogger("flashrt")
 
 _SERVED_LINEAR = torch.ops.flashrt.served_linear.default
 _SERVED_LINEAR_SILU_MUL = torch.ops.flashrt.served_linear_silu_mul.default
+_SERVED_LINEAR_ADD_NORM = torch.ops.flashrt.served_linear_add_norm.default
+_SERVED_LINEAR_NORMED = torch.ops.flashrt.served_linear_normed.default
+_CONVERT = torch.ops.prims.convert_element_type.default
 _SLICE = torch.ops.aten.slice.Tensor
 _SPLIT = (torch.ops.aten.split_with_sizes.default, torch.ops.aten.split.Tensor)
 _MUL = torch.ops.aten.mul.Tensor
@@ -160,13 +172,269 @@ def fuse_silu_mul(graph: torch.fx.Graph) -> int:
     return fused
 
 
-class SiluMulPass(CustomGraphPass):
-    """``fuse_silu_mul`` as inductor's post-grad pass (``post_grad_custom_post_pass``), keyed by
-    this file's bytes so that inductor's graph cache tells a graph rewritten by one version of
-    the pass from another's."""
+# Longest chain from a projection's output to the norm that feeds the next projections: the
+# residual add, the norm's float32 upcast, square, mean, eps, rsqrt, product, downcast and weight
+# are 9-12 nodes in the spellings of transformers and vLLM; anything longer is left alone.
+MAX_NORM_CHAIN = 24
+# Rows of the norm's probe: one token at each magnitude, the last two small enough that eps
+# (1e-5 or 1e-6 in Llama and Qwen3) moves their scale, so the check finds which constant it is.
+_NORM_PROBE_SCALES = (1.0, 0.1, 3e-3, 1e-3)
+
+
+def _descendants(node: torch.fx.Node, limit: int) -> set[torch.fx.Node] | None:
+    """What ``node`` flows into through aten and prims ops, at most ``limit`` nodes; None past it."""
+    seen, stack = set(), [node]
+    while stack:
+        for user in stack.pop().users:
+            if user not in seen and user.op == "call_function" and _elementwise_candidate(user):
+                seen.add(user)
+                stack.append(user)
+                if len(seen) > limit:
+                    return None
+    return seen
+
+
+def _projections_above(node: torch.fx.Node, limit: int) -> list[torch.fx.Node]:
+    """The seated projections ``node`` is computed from through aten and prims ops (at most
+    ``limit`` of them walked), nearest first: where a norm's chain may start."""
+    found, seen, frontier = [], {node}, [node]
+    while frontier and len(seen) <= limit:
+        step = []
+        for n in frontier:
+            for a in n.all_input_nodes:
+                if a in seen:
+                    continue
+                seen.add(a)
+                if a.op == "call_function" and a.target is _SERVED_LINEAR:
+                    found.append(a)
+                elif a.op == "call_function" and _elementwise_candidate(a):
+                    step.append(a)
+        frontier = step
+    return found
+
+
+def _ancestors(node: torch.fx.Node, within: set[torch.fx.Node]) -> set[torch.fx.Node]:
+    """The nodes of ``within`` that ``node`` (itself included) is computed from."""
+    seen, stack = set(), [node]
+    while stack:
+        n = stack.pop()
+        if n in within and n not in seen:
+            seen.add(n)
+            stack.extend(n.all_input_nodes)
+    return seen
+
+
+def _source(node: torch.fx.Node) -> torch.fx.Node:
+    """A dtype conversion's input (the add reads the residual and the weight upcast, the op
+    takes them as they are), else the node."""
+    return node.args[0] if node.target is _CONVERT and isinstance(node.args[0], torch.fx.Node) else node
+
+
+def _val(node: torch.fx.Node):
+    return node.meta.get("val")
+
+
+def _norm_probe(y_val, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A projection output, a residual and a norm weight to run a chain on: rows at the
+    ``_NORM_PROBE_SCALES`` magnitudes, in the graph's rank and dtype."""
+    gen = torch.Generator().manual_seed(0)
+    shape = (len(_NORM_PROBE_SCALES), *([1] * (y_val.dim() - 2)), n)
+    scales = torch.tensor(_NORM_PROBE_SCALES).view(-1, *([1] * (len(shape) - 1)))
+    y = (torch.randn(shape, generator=gen) * scales).to(y_val.dtype)
+    residual = (torch.randn(shape, generator=gen) * scales).to(y_val.dtype)
+    weight = (torch.rand(n, generator=gen) + 0.5).to(y_val.dtype)
+    return y, residual, weight
+
+
+def _run_chain(chain: list[torch.fx.Node], env: dict) -> dict | None:
+    """``env`` with every node of ``chain`` (graph order) run on it; None where one cannot run."""
+    env = dict(env)
+
+    def load(a):
+        return torch.fx.node.map_arg(a, lambda node: env[node])
+
+    try:
+        for node in chain:
+            env[node] = node.target(*load(node.args), **load(node.kwargs))
+    except Exception:
+        return None
+    return env
+
+
+def _norm_eps(chain, env, normed, stream, weight) -> float | None:
+    """The eps with which ``env[normed]`` is ``rms_norm(stream) * weight`` (each float constant of
+    the chain tried), or None where none is: then the chain is not that norm."""
+    out = env.get(normed)
+    if not isinstance(out, torch.Tensor) or out.shape != stream.shape:
+        return None
+    constants = {a for node in chain for a in node.args if isinstance(a, float) and 0 < a < 1e-2}
+    s = stream.float()
+    for eps in sorted(constants):
+        expected = s * torch.rsqrt(s.square().mean(-1, keepdim=True) + eps) * weight.float()
+        if torch.allclose(out.float(), expected, rtol=2e-2, atol=1e-2 * float(expected.abs().max())):
+            return eps
+    return None
+
+
+def _match_add_norm(normed: torch.fx.Node, consumers: list[torch.fx.Node]):
+    """The seated projection, residual, norm weight, eps and residual-stream outputs of an
+    RMSNorm after a residual add whose output ``normed`` only seated projections read, or None.
+
+    The chain is what ``normed`` is computed from among what a seated projection ``y`` (no other
+    reader) flows into through aten and prims ops; besides ``y`` it may read one tensor shaped as
+    ``y`` (the residual) and one ``[N]`` (the weight), each perhaps upcast. What leaves the chain
+    is the residual stream, ``residual + y`` as the chain's add computes it or its downcast to
+    ``y``'s dtype: what the fused op's first output replaces. The chain is run on a probe to check
+    that it is exactly that norm (``_norm_eps``)."""
+    if any(user not in consumers for user in normed.users):
+        return None
+    for producer in _projections_above(normed, MAX_NORM_CHAIN * 4):
+        below = _descendants(producer, MAX_NORM_CHAIN * 4)
+        if not below or normed not in below:
+            continue
+        chain = _ancestors(normed, below)
+        if any(user not in chain for user in producer.users) or len(chain) > MAX_NORM_CHAIN:
+            continue
+        leaves = {a for node in chain for a in node.all_input_nodes if a not in chain and a is not producer}
+        y_val = _val(producer)
+        n = producer.args[3]
+        if y_val is None or len(leaves) != 2:
+            continue
+        by_rank = sorted(leaves, key=lambda a: _val(a).dim() if _val(a) is not None else -1)
+        weight_leaf, residual_leaf = by_rank
+        if (
+            _val(weight_leaf) is None
+            or tuple(_val(weight_leaf).shape) != (n,)
+            or _val(residual_leaf).dim() != y_val.dim()
+        ):
+            continue
+        y, residual, weight = _norm_probe(y_val, n)
+        env = {
+            producer: y,
+            residual_leaf: residual.to(_val(residual_leaf).dtype),
+            weight_leaf: weight.to(_val(weight_leaf).dtype),
+        }
+        ordered = [node for node in normed.graph.nodes if node in chain]
+        ran = _run_chain(ordered, env)
+        if ran is None:
+            continue
+        stream = (y.float() + residual.float()).to(y.dtype)
+        eps = _norm_eps(ordered, ran, normed, stream, weight)
+        if eps is None:
+            continue
+        outputs = [node for node in ordered if any(user not in chain for user in node.users) and node is not normed]
+        if all(_is_stream(node, ran[node], stream, chain) for node in outputs):
+            return producer, _source(residual_leaf), _source(weight_leaf), eps, ordered, outputs
+    return None
+
+
+def _is_stream(node: torch.fx.Node, value, stream: torch.Tensor, chain: set[torch.fx.Node]) -> bool:
+    """Whether a chain node read outside the chain is the residual stream (its probe value is
+    ``stream``'s) and each outside reader can take the fused op's, in ``stream``'s dtype: as it
+    is, or through a downcast to that dtype, which it replaces."""
+    if not isinstance(value, torch.Tensor) or not torch.allclose(value.float(), stream.float(), rtol=1e-2, atol=1e-2):
+        return False
+    for user in node.users:
+        if user in chain:
+            continue
+        if not (value.dtype == stream.dtype or (user.target is _CONVERT and user.args[1] == stream.dtype)):
+            return False
+    return True
+
+
+def _with_val(node: torch.fx.Node) -> torch.fx.Node:
+    """``node`` with its fake value (``meta["val"]``) from its inputs', as inductor's own nodes have."""
+    from torch._guards import detect_fake_mode
+
+    args = torch.fx.node.map_arg(node.args, _val)
+    if node.target is operator.getitem:
+        node.meta["val"] = args[0][args[1]]
+        return node
+    mode = detect_fake_mode([a for a in torch.utils._pytree.tree_leaves(args) if isinstance(a, torch.Tensor)])
+    with mode if mode is not None else contextlib.nullcontext():
+        node.meta["val"] = node.target(*args)
+    return node
+
+
+def fuse_add_norm(graph: torch.fx.Graph) -> int:
+    """Rewrite each residual add and RMSNorm between a seated projection with no other reader
+    (o, down: ``flashrt::served_linear``) and the seated projections that alone read the norm
+    (qkv, gate_up, possibly already with its SiLU-and-mul, the LM head): the first becomes
+    ``flashrt::served_linear_add_norm`` (the add, the norm's weight and its sums of squares in
+    its epilogue), the others ``flashrt::served_linear_normed`` (the norm's per-token scale in
+    theirs). Returns how many norms were rewritten."""
+    readers: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for node in graph.nodes:
+        projection = node.op == "call_function" and node.target in (_SERVED_LINEAR, _SERVED_LINEAR_SILU_MUL)
+        if projection and isinstance(node.args[0], torch.fx.Node):
+            readers.setdefault(node.args[0], []).append(node)
+    fused = 0
+    for normed, consumers in readers.items():
+        match = _match_add_norm(normed, consumers)
+        if match is None:
+            continue
+        producer, residual, weight, eps, chain, outputs = match
+        order = {node: i for i, node in enumerate(graph.nodes)}
+        last_input = max((producer, residual, weight), key=lambda node: order[node])
+        x, bias, seat, width = producer.args
+        with graph.inserting_after(last_input):
+            fused_node = _with_val(
+                graph.call_function(_SERVED_LINEAR_ADD_NORM, (x, bias, residual, weight, seat, width))
+            )
+        with graph.inserting_after(fused_node):
+            stream, weighted, sumsq = (
+                _with_val(graph.call_function(operator.getitem, (fused_node, i))) for i in range(3)
+            )
+        for output in outputs:
+            for user in list(output.users):
+                if user in chain:
+                    continue
+                if _val(output).dtype == _val(stream).dtype:
+                    user.replace_input_with(output, stream)
+                else:  # a downcast of the float32 stream (``_is_stream``)
+                    user.replace_all_uses_with(stream)
+                    graph.erase_node(user)
+        for consumer in consumers:
+            silu_mul = consumer.target is _SERVED_LINEAR_SILU_MUL
+            cbias = None if silu_mul else consumer.args[1]
+            cseat, cwidth = consumer.args[-2], consumer.args[-1]
+            with graph.inserting_before(consumer):
+                node = graph.call_function(
+                    _SERVED_LINEAR_NORMED, (weighted, sumsq, eps, cbias, cseat, cwidth, silu_mul)
+                )
+            _with_val(node)  # not the projection's meta: its recorded inputs are another op's
+            consumer.replace_all_uses_with(node)
+            graph.erase_node(consumer)
+        for dead in reversed([n for n in graph.nodes if n in set(chain) | {producer}]):
+            if not dead.users:
+                graph.erase_node(dead)
+        fused += 1
+    if fused:
+        log.info("flashrt: %d residual adds and RMSNorms fused into the epilogues of seated projections", fused)
+    return fused
+
+
+def fuse_epilogues(graph: torch.fx.Graph, silu_mul: bool = True, add_norm: bool = True) -> dict[str, int]:
+    """Every rewrite of this module, the SiLU-and-mul first (a gate-and-up projection fed by a
+    norm takes both); how many of each."""
+    return {
+        "silu_mul": fuse_silu_mul(graph) if silu_mul else 0,
+        "add_norm": fuse_add_norm(graph) if add_norm else 0,
+    }
+
+
+class EpiloguePass(CustomGraphPass):
+    """``fuse_epilogues`` as inductor's post-grad pass (``post_grad_custom_post_pass``), keyed by
+    this file's bytes and the rewrites it makes, so that inductor's graph cache tells a graph
+    rewritten by one version or choice of the pass from another's."""
+
+    def __init__(self, silu_mul: bool = True, add_norm: bool = True):
+        self.silu_mul, self.add_norm = silu_mul, add_norm
 
     def __call__(self, graph: torch.fx.Graph) -> None:
-        fuse_silu_mul(graph)
+        fuse_epilogues(graph, self.silu_mul, self.add_norm)
 
     def uuid(self) -> str:
-        return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+        digest = hashlib.sha256(Path(__file__).read_bytes())
+        digest.update(f"silu_mul={self.silu_mul},add_norm={self.add_norm}".encode())
+        return digest.hexdigest()

@@ -30,6 +30,8 @@ from flashrt.kernels import (
     NVFP4Weight,
     absolute_max,
     linear,
+    linear_add_norm,
+    linear_normed,
     linear_reference,
     linear_silu_mul,
     moe,
@@ -254,6 +256,29 @@ def _serve_linear_silu_mul_body(x: torch.Tensor, seat: int, out_features: int) -
     return _SERVED[seat].serve_silu_mul(x)
 
 
+def _serve_linear_add_norm_body(
+    x: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    seat: int,
+    out_features: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _SERVED[seat].serve_add_norm(x, bias, residual, norm_weight)
+
+
+def _serve_linear_normed_body(
+    x: torch.Tensor,
+    sumsq: torch.Tensor,
+    eps: float,
+    bias: torch.Tensor | None,
+    seat: int,
+    out_features: int,
+    silu_mul_after: bool,
+) -> torch.Tensor:
+    return _SERVED[seat].serve_normed(x, sumsq, eps, bias, silu_mul_after)
+
+
 def _serve_moe_body(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, seat: int) -> torch.Tensor:
     s = _SERVED[seat]
     if s.band_host and x.shape[0] > s.profile.moe_band_t:
@@ -273,6 +298,16 @@ served_linear_silu_mul = torch.library.custom_op(
     "flashrt::served_linear_silu_mul", _serve_linear_silu_mul_body, mutates_args=()
 )
 
+# A seated projection, the residual add after it and an RMSNorm's first half (o or down, then
+# the norm), and a seated projection that norm feeds, its scale in the epilogue (qkv, gate_up,
+# the LM head), where ``fusion.fuse_add_norm`` found that pattern in a compiled graph.
+served_linear_add_norm = torch.library.custom_op(
+    "flashrt::served_linear_add_norm", _serve_linear_add_norm_body, mutates_args=()
+)
+served_linear_normed = torch.library.custom_op(
+    "flashrt::served_linear_normed", _serve_linear_normed_body, mutates_args=()
+)
+
 # One seated expert bank call: rows above the MoE band go to the retained host bank, the rest
 # to the packed one. The band test is a Python branch on the row count, so it lives in this
 # opaque op: in a graph traced without shape guards it would be frozen at the traced size.
@@ -286,6 +321,18 @@ def _(x, bias, seat, out_features):
 
 @served_linear_silu_mul.register_fake
 def _(x, seat, out_features):
+    return x.new_empty(*x.shape[:-1], out_features)
+
+
+@served_linear_add_norm.register_fake
+def _(x, bias, residual, norm_weight, seat, out_features):
+    rows = x.numel() // x.shape[-1]
+    sumsq = x.new_empty(ops.sumsq_numel(rows, out_features), dtype=torch.float32)
+    return torch.empty_like(residual), torch.empty_like(residual), sumsq
+
+
+@served_linear_normed.register_fake
+def _(x, sumsq, eps, bias, seat, out_features, silu_mul_after):
     return x.new_empty(*x.shape[:-1], out_features)
 
 
@@ -325,30 +372,62 @@ class ProjectionSeat(Seat):
         if not tied:
             self._free(weight)
         self.seam, self.host = self._seam(slabs), self._reference(slabs)
-        self._serve_silu_mul_from(slabs)
+        self._serve_fused_from(slabs)
         index = _serving(self)
         module.forward = lambda x: serve_linear(x, bias, index, out_features)
         self.state = "seated"
         self.reason = "tied to the input embedding: bf16 weight kept for it" if tied else ""
 
-    def _serve_silu_mul_from(self, slabs: list[NVFP4Weight]) -> None:
-        """What ``serve_silu_mul`` runs: ``linear_silu_mul`` on the one slab (the head's slabs, never
-        a gate-and-up projection's, take the projection and then the activation), and on a fault
-        the host's projection and then vLLM's activation."""
+    def _serve_fused_from(self, slabs: list[NVFP4Weight]) -> None:
+        """What the fused calls run (``fusion``'s rewrites): the ops with the epilogue on the one
+        slab (the head's slabs take the projection and then the same arithmetic in torch), and on
+        a fault the host's projection and then that arithmetic: vLLM's activation, ``ops.add_norm``,
+        ``ops.norm_scale``."""
 
-        def seam(x: torch.Tensor) -> torch.Tensor:
-            xs = x if x.dtype in (torch.bfloat16, torch.float16) else x.to(torch.bfloat16)
+        def bf16(x: torch.Tensor) -> torch.Tensor:
+            return x if x.dtype in (torch.bfloat16, torch.float16) else x.to(torch.bfloat16)
+
+        def product(x: torch.Tensor) -> torch.Tensor:
+            return torch.cat([linear(bf16(x), s) for s in slabs], dim=-1)
+
+        def silu_mul_seam(x: torch.Tensor) -> torch.Tensor:
             if len(slabs) == 1:
-                return linear_silu_mul(xs, slabs[0]).to(x.dtype)
-            return ops.silu_mul(torch.cat([linear(xs, s) for s in slabs], dim=-1)).to(x.dtype)
+                return linear_silu_mul(bf16(x), slabs[0]).to(x.dtype)
+            return ops.silu_mul(product(x)).to(x.dtype)
 
-        self._silu_mul_seam = seam
-        self._silu_mul_host = lambda x: ops.silu_mul(self.host(x, None))
+        def add_norm_seam(x, bias, residual, norm_weight):
+            if len(slabs) == 1:
+                return linear_add_norm(bf16(x), slabs[0], residual, norm_weight, bias)
+            return _add_norm_after(product(x), bias, residual, norm_weight)
+
+        def add_norm_host(x, bias, residual, norm_weight):
+            return _add_norm_after(self.host(x, None), bias, residual, norm_weight)
+
+        def normed_seam(x, sumsq, eps, bias, silu_mul_after):
+            if len(slabs) == 1:
+                return linear_normed(bf16(x), slabs[0], sumsq, eps, bias, silu_mul_after).to(x.dtype)
+            return _normed_after(product(x), x, sumsq, eps, bias, silu_mul_after)
+
+        def normed_host(x, sumsq, eps, bias, silu_mul_after):
+            return _normed_after(self.host(x, None), x, sumsq, eps, bias, silu_mul_after)
+
+        self._silu_mul_seam, self._silu_mul_host = silu_mul_seam, lambda x: ops.silu_mul(self.host(x, None))
+        self._add_norm_seam, self._add_norm_host = add_norm_seam, add_norm_host
+        self._normed_seam, self._normed_host = normed_seam, normed_host
 
     def serve_silu_mul(self, x: torch.Tensor) -> torch.Tensor:
         """The projection and the SiLU-and-mul after it (``served_linear_silu_mul``), counted and
         falling back as ``serve_linear``'s calls are."""
         return self._serve(self._silu_mul_seam, self._silu_mul_host, x)
+
+    def serve_add_norm(self, x, bias, residual, norm_weight):
+        """The projection, the residual add after it and the norm's first half
+        (``served_linear_add_norm``), counted and falling back as ``serve_linear``'s calls are."""
+        return self._serve(self._add_norm_seam, self._add_norm_host, x, bias, residual, norm_weight)
+
+    def serve_normed(self, x, sumsq, eps, bias, silu_mul_after):
+        """The projection fed by a norm, its scale in the epilogue (``served_linear_normed``)."""
+        return self._serve(self._normed_seam, self._normed_host, x, sumsq, eps, bias, silu_mul_after)
 
     def _slabs(self, weight: torch.Tensor) -> list[NVFP4Weight]:
         """The weight quantized in slabs of ``head_slab_rows`` rows (the head; one slab for the
@@ -383,6 +462,33 @@ class ProjectionSeat(Seat):
             return out.reshape(*x.shape[:-1], -1).to(x.dtype)
 
         return run
+
+
+def _add_norm_after(
+    product: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor, norm_weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``ops.add_norm`` of a projection computed apart (a head's slabs, the host's), in the
+    residual's shape and dtype."""
+    n = residual.shape[-1]
+    flat = product.reshape(-1, n).float()
+    if bias is not None:
+        flat = flat + bias.float()
+    h, weighted, sumsq = ops.add_norm(flat, residual.reshape(-1, n), norm_weight, residual.dtype)
+    return h.reshape(residual.shape), weighted.reshape(residual.shape), sumsq
+
+
+def _normed_after(
+    product: torch.Tensor, x: torch.Tensor, sumsq: torch.Tensor, eps: float, bias, silu_mul_after: bool
+) -> torch.Tensor:
+    """A projection computed apart, times its input's norm scale (``ops.norm_scale``), then the
+    bias or the SiLU-and-mul, in ``x``'s dtype."""
+    k = x.shape[-1]
+    flat = product.reshape(-1, product.shape[-1]).float() * ops.norm_scale(sumsq, x.numel() // k, k, eps)
+    if silu_mul_after:
+        flat = ops.silu_mul(flat)
+    elif bias is not None:
+        flat = flat + bias.float()
+    return flat.reshape(*x.shape[:-1], -1).to(x.dtype)
 
 
 def _with_band(profile: SeatProfile, device: torch.device) -> SeatProfile:

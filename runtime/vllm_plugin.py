@@ -203,7 +203,7 @@ def eager_decode_warning(device_type: str, cudagraph_mode) -> str | None:
 
 
 def fuse_in_compile(compilation) -> bool:
-    """``fusion.fuse_silu_mul`` in the compile vLLM is about to set up: the post-grad hook of
+    """``fusion.fuse_epilogues`` in the compile vLLM is about to set up: the post-grad hook of
     ``compilation_config.inductor_compile_config``, which vLLM's own backend adds to its pass
     manager (CUDA) and plain inductor runs (the CPU backend). Set before the model is built,
     since both read the hook when the compiled wrapper is made. A pass the user put there stays
@@ -212,7 +212,7 @@ def fuse_in_compile(compilation) -> bool:
     if config is None:
         return False
     if config.get(FUSION_HOOK) is not None:
-        log.warning("flashrt: %s holds the user's pass; the SiLU-and-mul stays unfused", FUSION_HOOK)
+        log.warning("flashrt: %s holds the user's pass; the activations and norms stay unfused", FUSION_HOOK)
         return False
     try:
         from vllm.compilation.passes.inductor_pass import CallableInductorPass
@@ -220,7 +220,7 @@ def fuse_in_compile(compilation) -> bool:
         from vllm.compilation.inductor_pass import CallableInductorPass
     from flashrt.runtime import fusion
 
-    config[FUSION_HOOK] = CallableInductorPass(fusion.fuse_silu_mul, fusion.SiluMulPass().uuid())
+    config[FUSION_HOOK] = CallableInductorPass(fusion.fuse_epilogues, fusion.EpiloguePass().uuid())
     return True
 
 

@@ -170,7 +170,7 @@ class QuantMethodSeat(ProjectionSeat):
         self.bytes_after = sum(s.nbytes for s in slabs) + self.bytes_before
         self.seam = self._seam(slabs)
         self.host = lambda x, bias: host.apply(layer, x, bias)
-        self._serve_silu_mul_from(slabs)
+        self._serve_fused_from(slabs)
         layer.quant_method = _SeatedMethod(host, _serving(self), weight.shape[0])
         self.state = "seated"
         self._drop_stash()

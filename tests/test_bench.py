@@ -377,9 +377,13 @@ def test_inductor_configs_reach_the_switches_inductor_reads():
             assert inductor.triton.autotune_pointwise is pointwise, setting
             assert len(triton_heuristics.filter_reduction_configs_for_determinism(meta, configs)) == kept, setting
             assert (decomposition.mm(row, weight) is not NotImplemented) is fused, setting
-            assert isinstance(inductor.post_grad_custom_post_pass, fusion.SiluMulPass), "--fuse-silu-mul on"
-        e2e.compile_as_runs_do(inductor_pdl=False, fuse_silu_mul=False)
-        assert inductor.post_grad_custom_post_pass is None, "--fuse-silu-mul off"
+            installed = inductor.post_grad_custom_post_pass
+            assert isinstance(installed, fusion.EpiloguePass) and installed.silu_mul and installed.add_norm
+        e2e.compile_as_runs_do(inductor_pdl=False, fuse_add_norm=False)
+        installed = inductor.post_grad_custom_post_pass
+        assert installed.silu_mul and not installed.add_norm, "--fuse-add-norm off"
+        e2e.compile_as_runs_do(inductor_pdl=False, fuse_silu_mul=False, fuse_add_norm=False)
+        assert inductor.post_grad_custom_post_pass is None, "--fuse-silu-mul off --fuse-add-norm off"
     assert inductor.get_config_copy() == now, "the settings are put back"
 
 

@@ -7,7 +7,7 @@ import transformers
 from flashrt.bench.e2e import merge_projections
 from flashrt.runtime import SeatProfile, attach, fusion
 from torch._inductor import config as inductor
-from transformers.models.llama.modeling_llama import LlamaMLP
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
 HIDDEN, INTER = 64, 96
 
@@ -27,10 +27,12 @@ class _Rewrites:
     """The pass as inductor runs it, counting what it rewrote and which ops the graph kept."""
 
     def __init__(self):
-        self.fused, self.targets = [], []
+        self.fused, self.norms, self.targets = [], [], []
 
     def __call__(self, graph: torch.fx.Graph) -> None:
-        self.fused.append(fusion.fuse_silu_mul(graph))
+        counts = fusion.fuse_epilogues(graph)
+        self.fused.append(counts["silu_mul"])
+        self.norms.append(counts["add_norm"])
         self.targets += [str(n.target) for n in graph.nodes if n.op == "call_function"]
 
     def uuid(self):  # inductor's graph cache keys a custom pass by this
@@ -66,12 +68,12 @@ class VllmMLP(torch.nn.Module):
         return out + y[..., :HIDDEN] if self.keep else out
 
 
-def _seated(model: torch.nn.Module):
+def _seated(model: torch.nn.Module, seams: int = 2):
     torch.manual_seed(0)
     model = model.to(torch.bfloat16)
     merge_projections(model)
     handle = attach(model, SeatProfile(min_params=0))
-    assert handle.summary()["seams"] == 2
+    assert handle.summary()["seams"] == seams
     return model, handle
 
 
@@ -118,6 +120,130 @@ def test_anything_but_a_bias_free_silu_and_mul_of_the_whole_output_is_left_alone
     torch.testing.assert_close(compiled, eager, rtol=2e-2, atol=2e-3)
 
 
-def test_the_pass_is_keyed_by_its_source_for_inductor_s_graph_cache():
-    key = fusion.SiluMulPass().uuid()
-    assert len(key) == 64 and key == fusion.SiluMulPass().uuid()
+def test_the_pass_is_keyed_by_its_source_and_rewrites_for_inductor_s_graph_cache():
+    key = fusion.EpiloguePass().uuid()
+    assert len(key) == 64 and key == fusion.EpiloguePass().uuid()
+    assert len({key, fusion.EpiloguePass(add_norm=False).uuid(), fusion.EpiloguePass(silu_mul=False).uuid()}) == 3
+
+
+# -- the residual add and RMSNorm ------------------------------------------------------------------
+
+
+class TransformersBlock(torch.nn.Module):
+    """What lies between a Llama layer's attention and the next layer's, as transformers spells
+    it: o, the residual add in bf16, ``LlamaRMSNorm`` (float32 inside, the weight times its
+    downcast), the MLP with gate and up merged, and the add after it."""
+
+    def __init__(self, eps=1e-6, norm=None, keep_norm=False):
+        super().__init__()
+        config = transformers.LlamaConfig(hidden_size=HIDDEN, intermediate_size=INTER, hidden_act="silu")
+        self.o_proj = torch.nn.Linear(HIDDEN, HIDDEN, bias=False)
+        self.post_attention_layernorm = norm or LlamaRMSNorm(HIDDEN, eps=eps)
+        self.mlp = LlamaMLP(config)
+        self.keep_norm = keep_norm
+        with torch.no_grad():
+            self.post_attention_layernorm.weight.uniform_(0.5, 1.5)
+
+    def forward(self, x, residual):
+        h = residual + self.o_proj(x)
+        normed = self.post_attention_layernorm(h)
+        out = h + self.mlp(normed)
+        return out + normed if self.keep_norm else out
+
+
+class VllmBlock(torch.nn.Module):
+    """The same as vLLM's native ``fused_add_rms_norm`` spells it: the add in float32, the
+    residual stream its downcast, the norm on the float32 sum, the weight after the downcast."""
+
+    def __init__(self, eps=1e-5):
+        super().__init__()
+        self.o_proj = torch.nn.Linear(HIDDEN, HIDDEN, bias=False)
+        self.weight = torch.nn.Parameter(torch.rand(HIDDEN) + 0.5)
+        self.gate_up_proj = torch.nn.Linear(HIDDEN, 2 * INTER, bias=False)
+        self.down_proj = torch.nn.Linear(INTER, HIDDEN, bias=False)
+        self.eps = eps
+
+    def forward(self, x, residual):
+        s = self.o_proj(x).float() + residual.float()
+        stream = s.to(x.dtype)
+        normed = (s * torch.rsqrt(s.pow(2).mean(dim=-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+        y = self.gate_up_proj(normed)
+        return stream + self.down_proj(F.silu(y[..., :INTER]) * y[..., INTER:])
+
+
+class LayerNorm(torch.nn.LayerNorm):
+    """A mean-subtracting norm where an RMSNorm would be: not what the epilogue computes."""
+
+    def __init__(self, hidden, eps):
+        super().__init__(hidden, eps=eps, bias=False)
+
+
+def _compiled_block(model) -> tuple[_Rewrites, torch.Tensor, torch.Tensor]:
+    rewrites = _Rewrites()
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(5, HIDDEN, generator=gen).to(torch.bfloat16)
+    residual = (torch.randn(5, HIDDEN, generator=gen) * 4).to(torch.bfloat16)
+    with torch.no_grad(), inductor.patch(post_grad_custom_post_pass=rewrites):
+        compiled = torch.compile(model, fullgraph=True)(x, residual)
+        eager = model(x, residual)
+    return rewrites, compiled, eager
+
+
+@pytest.mark.parametrize("make", [TransformersBlock, VllmBlock])
+def test_the_add_and_norm_move_into_the_projections_around_them_in_both_spellings(make):
+    """transformers' and vLLM's spellings, through inductor's decompositions: o becomes one
+    ``served_linear_add_norm`` (the add, the norm's weight and sums of squares in its epilogue),
+    gate_up one ``served_linear_normed`` with its SiLU-and-mul (the norm's scale in its
+    epilogue), the residual stream the fused op's; no square root or mean left outside the ops;
+    counted as the seats' calls; the figures the unfused model computes."""
+    model, handle = _seated(make(), seams=3)
+    rewrites, compiled, eager = _compiled_block(model)
+    assert rewrites.fused == [1] and rewrites.norms == [1]
+    for target, count in (("served_linear_add_norm", 1), ("served_linear_normed", 1), ("served_linear", 1)):
+        assert rewrites.targets.count(f"flashrt.{target}.default") == count, target
+    assert not any("rsqrt" in t or "mean" in t or "pow" in t for t in rewrites.targets)
+    torch.testing.assert_close(compiled, eager, rtol=2e-2, atol=5e-2)
+    calls = {s.name: s.calls for s in handle.seats}
+    assert calls[next(name for name in calls if "o_proj" in name)] == 2
+
+
+@pytest.mark.parametrize(
+    ("model", "why"),
+    [
+        (TransformersBlock(keep_norm=True), "the norm's output is read besides the projection"),
+        (TransformersBlock(norm=LayerNorm(HIDDEN, 1e-6)), "a LayerNorm subtracts the mean"),
+    ],
+)
+def test_a_norm_the_epilogues_do_not_compute_is_left_alone(model, why):
+    model, _ = _seated(model, seams=3)
+    rewrites, compiled, eager = _compiled_block(model)
+    assert rewrites.norms == [0], why
+    assert "flashrt.served_linear_add_norm.default" not in rewrites.targets
+    torch.testing.assert_close(compiled, eager, rtol=2e-2, atol=5e-2)
+
+
+def test_a_seated_llama_takes_each_add_and_norm_between_its_projections_into_them():
+    """transformers' Llama as the benchmark seats it (qkv and gate-and-up merged), two layers,
+    compiled whole: the activation of each MLP and every residual add and RMSNorm whose reader
+    is seated (after each attention, before the second layer's, before the LM head) move into
+    the projections; the first layer's norm, which reads the embedding, stays. Logits as the
+    unfused model's."""
+    config = transformers.LlamaConfig(
+        hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=512, head_dim=32,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    for module in model.modules():
+        if isinstance(module, LlamaRMSNorm):
+            torch.nn.init.uniform_(module.weight, 0.5, 1.5)
+    model, _ = _seated(model, seams=9)
+    rewrites = _Rewrites()
+    torch._dynamo.reset()
+    ids = torch.randint(0, 512, (2, 7))
+    with torch.no_grad(), inductor.patch(post_grad_custom_post_pass=rewrites):
+        compiled = torch.compile(model, fullgraph=True)(ids).logits
+        eager = model(ids).logits
+    assert rewrites.fused == [2] and rewrites.norms == [4]
+    assert F.cosine_similarity(compiled.float().flatten(), eager.float().flatten(), dim=0) > 0.9999

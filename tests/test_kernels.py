@@ -2245,3 +2245,182 @@ def test_silu_mul_launches_pair_the_rows_sum_splits_in_the_reduce_and_take_no_bi
     odd = nvfp4.quantize(torch.randn(999, 2048, dtype=torch.bfloat16, device=device))
     with pytest.raises(ValueError, match="even"):
         linear_k_warps_gluon.launch(x, odd.packed, odd.scales, odd.global_scale, None, out, k_warps, False)
+
+
+# -- the residual add and RMSNorm epilogues --------------------------------------------------------
+
+
+def _unsplit(launches: list[tuple[object, dict]]) -> list[tuple[object, dict]]:
+    return [(mod, config) for mod, config in launches if config.get("SPLIT_K", 1) == 1]
+
+
+def _relative(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.double() - ref.double()).norm() / ref.double().norm())
+
+
+@pytest.mark.skipif(not ON_GPU, reason="Gluon has no interpreter: CI builds the epilogues for every target")
+@pytest.mark.parametrize(("m", "k"), [(1, 2048), (2, 768), (3, 768), (4, 4096), (8, 2048), (13, 768), (16, 4096)])
+def test_add_norm_epilogue_matches_the_reference_in_every_unsplit_ring_config(m, k, device):
+    """A projection of 1008 rows (no tile's multiple) with the residual add, the norm's weight
+    and the sums of squares in its epilogue, against the float32 reference, in each unsplit tile
+    shape the ring forms offer at ``m`` tokens; a bias too; the sums buffer past the ``[m, 1008 /
+    group]`` it holds untouched."""
+    n = 1008
+    q = nvfp4.quantize(torch.randn(n, k, dtype=torch.bfloat16, device=device))
+    weights = {0: q, 1: q.in_layout(ring_layout.RING)}
+    x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
+    residual = torch.randn(m, n, dtype=torch.bfloat16, device=device) * 4
+    norm_weight = torch.rand(n, dtype=torch.bfloat16, device=device) + 0.5
+    bias = torch.randn(n, dtype=torch.bfloat16, device=device)
+    group = linear_mma_gluon.norm_group(m)
+    held = m * (n // group)
+    launches = _unsplit(_silu_mul_launches(m, k))
+    assert launches
+    for (mod, config), with_bias in zip(launches, [False, True] * len(launches), strict=False):
+        w = weights[config["LAYOUT"]]
+        b = bias if with_bias else None
+        h_ref, weighted_ref, sumsq_ref = ops.linear_add_norm_reference(x, q, residual, norm_weight, b)
+        out, weighted = (torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device) for _ in range(2))
+        sumsq = torch.full((ops.sumsq_numel(m, n),), float("nan"), dtype=torch.float32, device=device)
+        epilogue = linear_mma_gluon.AddNorm(residual, norm_weight, weighted, sumsq, group)
+        mod.launch(x, w.packed, w.scales, w.global_scale, b, out, config, False, add_norm=epilogue)
+        for got, ref in ((out, h_ref), (weighted, weighted_ref), (sumsq[:held], sumsq_ref[:held])):
+            assert not got.isnan().any() and _relative(got, ref) < 1e-2, config
+        assert sumsq[held:].isnan().all(), config
+
+
+@pytest.mark.skipif(not ON_GPU, reason="Gluon has no interpreter: CI builds the epilogues for every target")
+@pytest.mark.parametrize(("m", "silu_mul_after"), [(1, False), (1, True), (3, True), (8, False), (8, True), (16, True)])
+def test_norm_scale_epilogue_matches_the_reference_in_every_unsplit_ring_config(m, silu_mul_after, device):
+    """A projection of 1000 rows fed by a norm over 2048 features: each token's scale from the
+    sums of squares (``ops.add_norm``'s, of a residual stream a token at its own magnitude) in
+    the epilogue, before the bias or the SiLU-and-mul, against the float32 reference, in each
+    unsplit tile shape the ring forms offer at ``m`` tokens; rows past ``m`` untouched."""
+    n, k, eps = 1000, 2048, 1e-5
+    q = nvfp4.quantize(torch.randn(n, k, dtype=torch.bfloat16, device=device))
+    weights = {0: q, 1: q.in_layout(ring_layout.RING)}
+    stream = torch.randn(m, k, device=device) * torch.logspace(-2, 2, m, device=device)[:, None]
+    norm_weight = torch.rand(k, dtype=torch.bfloat16, device=device) + 0.5
+    _, x, sumsq = ops.add_norm(stream, torch.zeros_like(stream, dtype=torch.bfloat16), norm_weight, torch.bfloat16)
+    bias = None if silu_mul_after else torch.randn(n, dtype=torch.bfloat16, device=device)
+    ref = ops.linear_normed_reference(x, q, sumsq, eps, bias, silu_mul_after)
+    width = n // 2 if silu_mul_after else n
+    for mod, config in _unsplit(_silu_mul_launches(m, k)):
+        w = weights[config["LAYOUT"]]
+        wide = torch.full((m + 1, width), float("nan"), dtype=torch.bfloat16, device=device)
+        out = wide[:m]
+        epilogue = linear_mma_gluon.NormScale(sumsq, linear_mma_gluon.norm_group(m), eps)
+        params = config | {"SILU_MUL": silu_mul_after}
+        mod.launch(x, w.packed, w.scales, w.global_scale, bias, out, params, False, norm_scale=epilogue)
+        assert not out.isnan().any() and wide[m:].isnan().all(), config
+        assert _relative(out, ref) < 1e-2, config
+
+
+@pytest.mark.skipif(not ON_GPU, reason="adjudicates on the device")
+@pytest.mark.parametrize("m", [1, 2, 8, 64])
+def test_linear_add_norm_and_linear_normed_serve_the_projections_choices(m, device):
+    """An o projection, the residual add and RMSNorm, and a gate-and-up projection after them,
+    through the ops on the adjudicator's choices (fused where the form has the epilogue, the
+    projection and then torch where it has not: 64 tokens), against the unfused chain as vLLM
+    runs it: o, ``fused_add_rms_norm`` in float32, gate_up, ``SiluAndMul``."""
+    o = ops.for_serving(nvfp4.quantize(torch.randn(2048, 4096, dtype=torch.bfloat16, device=device)))
+    gate_up = ops.for_serving(nvfp4.quantize(torch.randn(4096, 2048, dtype=torch.bfloat16, device=device)))
+    x = torch.randn(m, 4096, dtype=torch.bfloat16, device=device)
+    residual = torch.randn(m, 2048, dtype=torch.bfloat16, device=device) * 8
+    norm_weight = torch.rand(2048, dtype=torch.bfloat16, device=device) + 0.5
+    h, weighted, sumsq = ops.linear_add_norm(x, o, residual, norm_weight)
+    out = ops.linear_normed(weighted, gate_up, sumsq, 1e-6, silu_mul_after=True)
+    stream = ops.linear(x, o).float() + residual.float()
+    normed = (stream * torch.rsqrt(stream.square().mean(-1, keepdim=True) + 1e-6)).to(torch.bfloat16) * norm_weight
+    ref = ops.silu_mul(ops.linear(normed, gate_up))
+    assert out.shape == (m, 1024) and _relative(h, stream) < 1e-2
+    assert _relative(out, ref) < 2e-2
+
+
+def test_add_norm_and_linear_normed_are_the_norm_split_in_two_off_the_gpu():
+    """Off a GPU the ops are their references, and the two halves are the unfused chain: the
+    residual stream ``residual + x W^T``, then RMSNorm with its weight and the next projection
+    (or its SiLU-and-mul) on it; the same for every token count's group (1, 2, 3 and 33: groups
+    of 4, 8 and 16 features)."""
+    for m in (1, 2, 3, 33):
+        o = nvfp4.quantize(torch.randn(128, 512, dtype=torch.bfloat16))
+        up = nvfp4.quantize(torch.randn(96, 128, dtype=torch.bfloat16))
+        x = torch.randn(2, m, 512, dtype=torch.bfloat16)
+        residual = torch.randn(2, m, 128, dtype=torch.bfloat16) * 3
+        norm_weight = torch.rand(128, dtype=torch.bfloat16) + 0.5
+        h, weighted, sumsq = ops.linear_add_norm(x, o, residual, norm_weight)
+        stream = x.float() @ nvfp4.dequantize(o, torch.float32).t() + residual.float()
+        assert h.shape == (2, m, 128) and torch.equal(h, stream.to(torch.bfloat16))
+        assert sumsq.shape == (ops.sumsq_numel(2 * m, 128),)
+        hf = h.float()
+        normed = hf * torch.rsqrt(hf.square().mean(-1, keepdim=True) + 1e-5) * norm_weight.float()
+        product = normed @ nvfp4.dequantize(up, torch.float32).t()
+        got = ops.linear_normed(weighted, up, sumsq, 1e-5)
+        assert got.shape == (2, m, 96) and _relative(got, product) < 1e-2
+        silu = ops.linear_normed(weighted, up, sumsq, 1e-5, silu_mul_after=True)
+        assert silu.shape == (2, m, 48) and _relative(silu, F.silu(product[..., :48]) * product[..., 48:]) < 1e-2
+
+
+def test_add_norm_and_linear_normed_refuse_what_they_cannot_take_by_name():
+    o = nvfp4.quantize(torch.randn(128, 512, dtype=torch.bfloat16))
+    x = torch.randn(3, 512, dtype=torch.bfloat16)
+    residual = torch.randn(3, 128, dtype=torch.bfloat16)
+    norm_weight = torch.ones(128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="residual"):
+        ops.linear_add_norm(x, o, residual[:2], norm_weight)
+    with pytest.raises(ValueError, match="residual"):
+        ops.linear_add_norm(x, o, residual.float(), norm_weight)
+    with pytest.raises(ValueError, match="norm_weight"):
+        ops.linear_add_norm(x, o, residual, norm_weight[:64])
+    with pytest.raises(ValueError, match="groups of 16"):
+        ops.linear_add_norm(
+            x, nvfp4.quantize(torch.randn(120, 512, dtype=torch.bfloat16)), residual[:, :120], norm_weight[:120]
+        )
+    _, weighted, sumsq = ops.linear_add_norm(x, o, residual, norm_weight)
+    up = nvfp4.quantize(torch.randn(96, 128, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="sumsq"):
+        ops.linear_normed(weighted[:2], up, sumsq, 1e-5)
+    with pytest.raises(ValueError, match="sumsq"):
+        ops.linear_normed(weighted, up, sumsq.double(), 1e-5)
+    with pytest.raises(ValueError, match="SiLU-and-mul"):
+        ops.linear_normed(weighted, up, sumsq, 1e-5, torch.zeros(96, dtype=torch.bfloat16), silu_mul_after=True)
+
+
+def test_norm_launches_hand_their_kernels_the_norm_s_operands_unsplit(monkeypatch, device):
+    """What a norm launch hands its kernels: ``AddNorm``'s residual, weight, weighted output and
+    sums buffer with ``ADD_NORM`` and the group, ``NormScale``'s sums and eps with
+    ``NORM_SCALE``; unused operands (``out``, eps 0) otherwise. A split config, programs that
+    split a group, operands not laid out as the output, or both norms at once refused by name."""
+    calls = []
+    monkeypatch.setattr(linear_mma_gluon, "nvfp4_linear_mma_gluon_kernel", _Recorder(calls, "mma"))
+    monkeypatch.setattr(linear_k_warps_gluon, "nvfp4_linear_k_warps_gluon_kernel", _Recorder(calls, "k_warps"))
+    q = nvfp4.quantize(torch.randn(1024, 2048, dtype=torch.bfloat16, device=device))
+    x = torch.randn(8, 2048, dtype=torch.bfloat16, device=device)
+    out, residual, weighted = (torch.zeros(8, 1024, dtype=torch.bfloat16, device=device) for _ in range(3))
+    norm_weight = torch.ones(1024, dtype=torch.bfloat16, device=device)
+    sumsq = torch.zeros(ops.sumsq_numel(8, 1024), dtype=torch.float32, device=device)
+    add = linear_mma_gluon.AddNorm(residual, norm_weight, weighted, sumsq, 16)
+    scale = linear_mma_gluon.NormScale(sumsq, 16, 1e-6)
+    tile = {"BLOCK_M": 8, "ROW_TILES": 1, "WARPS": 2, "STAGES": 3}
+    k_warps = {"BLOCK_M": 8, "K_WARPS": 4, "ROW_WARPS": 1, "STAGES": 2}
+    linear_mma_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, tile, False, add_norm=add)
+    linear_k_warps_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, k_warps, False, norm_scale=scale)
+    linear_mma_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, tile, False)
+    (_, _, _, added), (_, _, _, scaled), (_, _, _, plain) = calls
+    assert added["residual_ptr"] is residual and added["norm_weight_ptr"] is norm_weight
+    assert added["weighted_ptr"] is weighted and added["sumsq_ptr"] is sumsq
+    assert (added["ADD_NORM"], added["NORM_SCALE"], added["NORM_GROUP"]) == (True, False, 16)
+    assert scaled["sumsq_ptr"] is sumsq and scaled["eps"] == pytest.approx(1e-6)
+    assert (scaled["ADD_NORM"], scaled["NORM_SCALE"]) == (False, True) and scaled["residual_ptr"] is out
+    assert "ADD_NORM" not in plain and plain["sumsq_ptr"] is out and plain["eps"] == 0.0
+    chunked = {"BLOCK_M": 8, "ROW_TILES": 1, "WARPS": 2, "STAGES": 2, "CHUNKS": 8}
+    coarse = linear_mma_gluon.AddNorm(residual, norm_weight, weighted, sumsq, 8)
+    for config, kwargs, match in (
+        (tile | {"SPLIT_K": 2}, {"add_norm": add}, "SPLIT_K"),
+        (chunked, {"add_norm": coarse}, "group"),
+        (tile, {"add_norm": linear_mma_gluon.AddNorm(residual[:4], norm_weight, weighted, sumsq, 16)}, "residual"),
+        (tile, {"add_norm": linear_mma_gluon.AddNorm(residual, norm_weight[:8], weighted, sumsq, 16)}, "weight"),
+        (tile, {"add_norm": add, "norm_scale": scale}, "not both"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            linear_mma_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, config, False, **kwargs)

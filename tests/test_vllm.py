@@ -76,11 +76,16 @@ def test_enabled_engine_seats_the_model_and_counts_calls_with_the_tokens(seated_
     assert result["inductor_pdl"] == "1", "the seated forms start early only after a kernel launched with PDL"
 
 
-def test_the_engine_s_compile_takes_each_seated_gate_up_s_activation_into_its_epilogue(seated_llama):
+def test_the_engine_s_compile_takes_activations_and_norms_into_the_seated_projections(seated_llama):
     """vLLM's compile (plain inductor on the CPU backend) runs the plugin's post-grad pass: both
     layers' SiLU-and-mul, spelled by vLLM's ``SiluAndMul.forward_native``, become one op with
-    their seated gate-and-up projection."""
-    assert "flashrt: 2 SiLU-and-mul fused into the epilogue of seated gate-and-up projections" in seated_llama["log"]
+    their seated gate-and-up projection, and the three residual adds and RMSNorms inside the
+    compiled model (each layer's after attention, the second layer's before it; the first
+    layer's has no add, the last norm feeds the LM head outside the graph) move into the seated
+    projections around them."""
+    log = seated_llama["log"]
+    assert "flashrt: 2 SiLU-and-mul fused into the epilogue of seated gate-and-up projections" in log
+    assert "flashrt: 3 residual adds and RMSNorms fused into the epilogues of seated projections" in log
 
 
 def test_engine_with_nothing_seatable_starts_unmodified_and_says_why(llama_dir, tmp_path):

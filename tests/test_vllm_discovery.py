@@ -159,7 +159,7 @@ def test_the_plugin_launches_compiled_kernels_with_pdl_unless_the_user_said_othe
 
 def test_the_plugin_puts_the_fusion_pass_where_vllm_s_compile_reads_it_and_keeps_a_user_s_pass():
     """Before the model is built, the post-grad hook of ``inductor_compile_config`` gets
-    ``fuse_silu_mul`` as the vLLM pass type its backend adds to its pass manager, keyed by the
+    ``fuse_epilogues`` as the vLLM pass type its backend adds to its pass manager, keyed by the
     pass's source; a pass the user put there is left, and nothing is set without a config."""
     from types import SimpleNamespace
 
@@ -169,8 +169,8 @@ def test_the_plugin_puts_the_fusion_pass_where_vllm_s_compile_reads_it_and_keeps
     compilation = SimpleNamespace(inductor_compile_config={"dce": True})
     assert vllm_plugin.fuse_in_compile(compilation) is True
     installed = compilation.inductor_compile_config[vllm_plugin.FUSION_HOOK]
-    assert isinstance(installed, InductorPass) and installed.uuid() == fusion.SiluMulPass().uuid()
-    assert installed.callable is fusion.fuse_silu_mul and compilation.inductor_compile_config["dce"] is True
+    assert isinstance(installed, InductorPass) and installed.uuid() == fusion.EpiloguePass().uuid()
+    assert installed.callable is fusion.fuse_epilogues and compilation.inductor_compile_config["dce"] is True
     users = CallableInductorPass(lambda graph: None, "the user's")
     mine = SimpleNamespace(inductor_compile_config={vllm_plugin.FUSION_HOOK: users})
     assert vllm_plugin.fuse_in_compile(mine) is False and mine.inductor_compile_config[vllm_plugin.FUSION_HOOK] is users
