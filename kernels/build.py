@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from itertools import combinations, product
 
 from flashrt.kernels import (
+    add_norm_after,
     linear_dequant,
     linear_gemv,
     linear_gemv_gluon,
@@ -34,6 +35,7 @@ from flashrt.kernels import (
     moe_gemv_gluon,
     moe_ring_gluon,
     moe_w4a4,
+    norm_scale_after,
     permute_steps,
     quantizer,
 )
@@ -371,6 +373,22 @@ _MERGE_SIG = {
     "out_ptr": "*bf16",
     **{name: "i32" for name in ("G", "D", "SPLITS")},
 }
+_ADD_NORM_SIG = {
+    **{f"{name}_ptr": "*bf16" for name in ("y", "residual", "weight", "weighted")},
+    "sumsq_ptr": "*fp32",
+    **{name: "i32" for name in ("N", "stride_ym", "stride_rm")},
+}
+_NORM_SCALE_SIG = {
+    "y_ptr": "*bf16",
+    "sumsq_ptr": "*fp32",
+    "bias_ptr": "*bf16",
+    "out_ptr": "*bf16",
+    "N": "i32",
+    "K": "i32",
+    "eps": "fp32",
+    "stride_ym": "i32",
+    "stride_om": "i32",
+}
 _PERMUTE_SIG = {"x_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "stride_xm": "i32", "stride_om": "i32"}
 _DEQUANT_SIG = {
     "packed_ptr": "*u8",
@@ -558,6 +576,20 @@ def builds() -> Iterator[Build]:
         consts |= {"SILU_MUL": silu_mul}
         fn = linear_mma.splitk_reduce_kernel
         yield from unique(Build("splitk_reduce", fn, _with_constexprs(_SPLITK_REDUCE_SIG, consts), consts, 4, 1))
+    for group in (
+        4,
+        8,
+        16,
+    ):  # the norm's halves after a projection without the epilogue (``linear_mma_gluon.norm_group``)
+        consts = {"GROUP": group, "BLOCK": add_norm_after.BLOCK}
+        fn = add_norm_after.add_norm_kernel
+        yield from unique(Build("add_norm_after", fn, _with_constexprs(_ADD_NORM_SIG, consts), consts, 4, 1))
+        for has_bias, silu_mul in ((False, False), (True, False), (False, True)):
+            consts = {"GROUP": group, "HAS_BIAS": has_bias, "SILU_MUL": silu_mul, "BLOCK": norm_scale_after.BLOCK}
+            consts |= {"GROUPS_BLOCK": norm_scale_after.GROUPS_BLOCK}
+            fn = norm_scale_after.norm_scale_kernel
+            sig = _with_constexprs(_NORM_SCALE_SIG, consts)
+            yield from unique(Build("norm_scale_after", fn, sig, consts, 4, 1))
     dequants = linear_dequant.configs(linear_dequant.MIN_ROWS, 4096, 4096)
     for cfg, even_k, layout in product(dequants, (True, False), linear_dequant.LAYOUTS):
         consts = {"USE_PRMT": True, "EVEN_K": even_k, "LAYOUT": layout} | {k: cfg[k] for k in ("BLOCK_N", "BLOCK_K")}

@@ -19,6 +19,7 @@ import functools
 import torch
 import torch.nn.functional as F
 from flashrt.kernels import (
+    add_norm_after,
     decode,
     linear_dequant,
     linear_gemv,
@@ -34,6 +35,7 @@ from flashrt.kernels import (
     moe_gemv_gluon,
     moe_ring_gluon,
     moe_w4a4,
+    norm_scale_after,
     ring_layout,
 )
 from flashrt.kernels.nvfp4 import BLOCK_SIZE, NVFP4Weight, check_weight, dequantize
@@ -60,7 +62,7 @@ MOE_FORMS = {"fused": moe_fused, "gemv_gluon": moe_gemv_gluon, "ring_gluon": moe
 SILU_MUL_FORMS = frozenset({"mma_gluon", "k_warps_gluon"})
 # Forms whose unsplit launches take a residual add and RMSNorm in their epilogue
 # (``linear_mma_gluon.AddNorm``, ``NormScale``): the decode forms. The others run the projection
-# and then the same arithmetic in torch (``add_norm``, ``norm_scale``).
+# and then one launch of the same arithmetic (``add_norm_after``, ``norm_scale_after``).
 NORM_FORMS = frozenset({"mma_gluon", "k_warps_gluon"})
 
 
@@ -102,11 +104,10 @@ def add_norm(
     front of a ``sumsq_numel`` buffer (the rest zero)."""
     m, n = product.shape
     group = linear_mma_gluon.norm_group(m)
-    h = (product + residual.float()).to(dtype)
-    hf = h.float()
+    h, weighted, sums = add_norm_after.reference(product, residual, weight, group, dtype)
     sumsq = torch.zeros(sumsq_numel(m, n), dtype=torch.float32, device=product.device)
-    sumsq[: m * (n // group)] = hf.square().view(m, n // group, group).sum(-1).flatten()
-    return h, (hf * weight.float()).to(dtype), sumsq
+    sumsq[: m * (n // group)] = sums.flatten()
+    return h, weighted, sumsq
 
 
 def norm_scale(sumsq: torch.Tensor, m: int, k: int, eps: float) -> torch.Tensor:
@@ -136,12 +137,9 @@ def linear_normed_reference(
 ) -> torch.Tensor:
     """A projection fed by a norm (``x`` is ``add_norm``'s ``weighted``): the float32 product
     times each token's ``norm_scale``, then the bias, or the SiLU-and-mul."""
-    product = (x.float() @ dequantize(w, torch.float32).t()) * norm_scale(sumsq, x.shape[0], w.shape[1], eps)
-    if silu_mul_after:
-        return silu_mul(product).to(x.dtype)
-    if bias is not None:
-        product = product + bias.float()
-    return product.to(x.dtype)
+    product = x.float() @ dequantize(w, torch.float32).t()
+    scale = norm_scale(sumsq, x.shape[0], w.shape[1], eps)
+    return norm_scale_after.reference(product, scale, bias, silu_mul_after).to(x.dtype)
 
 
 def moe_reference(
@@ -584,7 +582,7 @@ def _nvfp4_linear_add_norm_body(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The projection's choice for the shape with the residual add and the norm's weight and
     sums of squares in its epilogue (``linear_mma_gluon.AddNorm``) where the form has them, else
-    the projection and ``add_norm`` after it."""
+    the projection and ``add_norm_after``'s launch."""
     if x.device.type != "cuda":
         return linear_add_norm_reference(
             x, NVFP4Weight(packed, scales, global_scale, layout), residual, norm_weight, bias
@@ -594,14 +592,14 @@ def _nvfp4_linear_add_norm_body(
     m, n = x.shape[0], packed.shape[0]
     launch = LINEAR_FORMS[c.form].launch
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    if not _takes_norm(c, n):
-        launch(x, packed, scales, global_scale, bias, out, params, _use_prmt(x.device))
-        return add_norm(out.float(), residual, norm_weight, x.dtype)
     weighted = torch.empty_like(out)
     sumsq = torch.empty(sumsq_numel(m, n), dtype=torch.float32, device=x.device)
-    epilogue = linear_mma_gluon.AddNorm(
-        residual.contiguous(), norm_weight.contiguous(), weighted, sumsq, linear_mma_gluon.norm_group(m)
-    )
+    residual, group = residual.contiguous(), linear_mma_gluon.norm_group(m)
+    if not _takes_norm(c, n):
+        launch(x, packed, scales, global_scale, bias, out, params, _use_prmt(x.device))
+        add_norm_after.launch(out, residual, norm_weight, weighted, sumsq, group)
+        return out, weighted, sumsq
+    epilogue = linear_mma_gluon.AddNorm(residual, norm_weight.contiguous(), weighted, sumsq, group)
     launch(x, packed, scales, global_scale, bias, out, params, _use_prmt(x.device), add_norm=epilogue)
     return out, weighted, sumsq
 
@@ -631,7 +629,7 @@ def _nvfp4_linear_normed_body(
 ) -> torch.Tensor:
     """A projection fed by a norm: the projection's choice with the norm's per-token scale (and
     the SiLU-and-mul where ``silu_mul_after``) in its epilogue where the form has them, else the
-    projection and ``norm_scale`` after it."""
+    projection and ``norm_scale_after``'s launch."""
     if x.device.type != "cuda":
         w = NVFP4Weight(packed, scales, global_scale, layout)
         return linear_normed_reference(x, w, sumsq, eps, bias, silu_mul_after)
@@ -649,10 +647,9 @@ def _nvfp4_linear_normed_body(
         return launch(x, packed, scales, global_scale, bias, out, params, _use_prmt(x.device), norm_scale=epilogue)
     product = torch.empty(m, n, dtype=x.dtype, device=x.device)
     launch(x, packed, scales, global_scale, None, product, params, _use_prmt(x.device))
-    out = product.float() * norm_scale(sumsq, m, k, eps)
-    if silu_mul_after:
-        return silu_mul(out).to(x.dtype)
-    return (out if bias is None else out + bias.float()).to(x.dtype)
+    out = torch.empty(m, n // 2 if silu_mul_after else n, dtype=x.dtype, device=x.device)
+    group = linear_mma_gluon.norm_group(m)
+    return norm_scale_after.launch(product, sumsq, k, eps, bias, out, group, silu_mul_after)
 
 
 _nvfp4_linear_normed = torch.library.custom_op(

@@ -112,15 +112,8 @@ def _computes_silu(chain: list[torch.fx.Node], gate: torch.fx.Node) -> bool:
     val = gate.meta.get("val")
     dtype = val.dtype if val is not None else torch.bfloat16
     probe = _PROBE.to(dtype)
-    env = {gate: probe}
-
-    def load(a):
-        return torch.fx.node.map_arg(a, lambda n: env[n])
-
-    try:
-        for node in chain:
-            env[node] = node.target(*load(node.args), **load(node.kwargs))
-    except Exception:
+    env = _run_chain(chain, {gate: probe})
+    if env is None:
         return False
     out = env[chain[-1]]
     if not isinstance(out, torch.Tensor) or out.shape != probe.shape:

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from flashrt.kernels import (
+    add_norm_after,
     decode,
     linear_dequant,
     linear_gemv,
@@ -26,6 +27,7 @@ from flashrt.kernels import (
     moe_gemv_gluon,
     moe_ring_gluon,
     moe_w4a4,
+    norm_scale_after,
     nvfp4,
     ops,
     permute_steps,
@@ -2424,3 +2426,42 @@ def test_norm_launches_hand_their_kernels_the_norm_s_operands_unsplit(monkeypatc
     ):
         with pytest.raises(ValueError, match=match):
             linear_mma_gluon.launch(x, q.packed, q.scales, q.global_scale, None, out, config, False, **kwargs)
+
+
+@pytest.mark.parametrize(("m", "n"), [(1, 4096), (2, 1008), (3, 5120)])
+def test_the_add_and_norm_after_a_projection_computed_apart_is_the_epilogue_s_arithmetic(m, n, device):
+    """``add_norm_after``, what a projection without the epilogue runs after it: the stream in
+    place of the projection, the weighted stream, and the sums of squares at the front of the
+    buffer in the group its token count takes (4, 8, 16), against ``ops.add_norm``'s float32
+    arithmetic; past the sums the buffer untouched."""
+    group = linear_mma_gluon.norm_group(m)
+    y = torch.randn(m, n, device=device).to(torch.bfloat16)
+    residual = (torch.randn(m, n, device=device) * 4).to(torch.bfloat16)
+    norm_weight = (torch.rand(n, device=device) + 0.5).to(torch.bfloat16)
+    h_ref, weighted_ref, sumsq_ref = ops.add_norm(y.float(), residual, norm_weight, torch.bfloat16)
+    stream, weighted = y.clone(), torch.full_like(y, float("nan"))
+    sumsq = torch.full((ops.sumsq_numel(m, n),), float("nan"), device=device)
+    add_norm_after.launch(stream, residual, norm_weight, weighted, sumsq, group)
+    held = m * (n // group)
+    for got, ref in ((stream, h_ref), (weighted, weighted_ref)):  # the interpreter rounds to bf16 its own way
+        torch.testing.assert_close(got.float(), ref.float(), rtol=2e-2, atol=1e-2)
+    own = stream.float().square().view(m, n // group, group).sum(-1).flatten()  # of the stream as it rounded it
+    torch.testing.assert_close(sumsq[:held], own, rtol=1e-5, atol=1e-4)
+    assert _relative(sumsq[:held], sumsq_ref[:held]) < 1e-2
+    assert sumsq[held:].isnan().all()
+
+
+@pytest.mark.parametrize(("m", "silu_mul", "with_bias"), [(1, False, True), (2, True, False), (3, False, False)])
+def test_the_norm_scale_after_a_projection_computed_apart_is_the_epilogue_s_arithmetic(m, silu_mul, with_bias, device):
+    """``norm_scale_after``: each token's scale from the sums over 2048 features (tokens at
+    magnitudes 100 apart), then the bias or the SiLU-and-mul (gate columns first, as the
+    projection computes them unfused), against ``ops.norm_scale`` and the float32 reference."""
+    n, k, eps = 1000, 2048, 1e-5
+    stream = torch.randn(m, k, device=device) * torch.logspace(-2, 2, m, device=device)[:, None]
+    _, _, sumsq = ops.add_norm(stream, torch.zeros(m, k, device=device), torch.ones(k, device=device), torch.bfloat16)
+    y = torch.randn(m, n, device=device).to(torch.bfloat16)
+    bias = torch.randn(n, device=device).to(torch.bfloat16) if with_bias else None
+    out = torch.full((m, n // 2 if silu_mul else n), float("nan"), dtype=torch.bfloat16, device=device)
+    norm_scale_after.launch(y, sumsq, k, eps, bias, out, linear_mma_gluon.norm_group(m), silu_mul)
+    ref = norm_scale_after.reference(y, ops.norm_scale(sumsq, m, k, eps), bias, silu_mul)
+    torch.testing.assert_close(out.float(), ref.float(), rtol=1e-2, atol=1e-2)
