@@ -174,24 +174,13 @@ MAX_NORM_CHAIN = 24
 _NORM_PROBE_SCALES = (1.0, 0.1, 3e-3, 1e-3)
 
 
-def _descendants(node: torch.fx.Node, limit: int) -> set[torch.fx.Node] | None:
-    """What ``node`` flows into through aten and prims ops, at most ``limit`` nodes; None past it."""
-    seen, stack = set(), [node]
-    while stack:
-        for user in stack.pop().users:
-            if user not in seen and user.op == "call_function" and _elementwise_candidate(user):
-                seen.add(user)
-                stack.append(user)
-                if len(seen) > limit:
-                    return None
-    return seen
-
-
-def _projections_above(node: torch.fx.Node, limit: int) -> list[torch.fx.Node]:
-    """The seated projections ``node`` is computed from through aten and prims ops (at most
-    ``limit`` of them walked), nearest first: where a norm's chain may start."""
-    found, seen, frontier = [], {node}, [node]
-    while frontier and len(seen) <= limit:
+def _above(node: torch.fx.Node, depth: int) -> tuple[set[torch.fx.Node], list[torch.fx.Node]]:
+    """What ``node`` (itself included) is computed from through aten and prims ops, up to
+    ``depth`` of them back, and the seated projections met there, nearest first: where a norm's
+    chain may start. Bounded by depth, not by count: a residual stream runs back through every
+    layer's adds."""
+    seen, projections, frontier = {node}, [], [node]
+    for _ in range(depth):
         step = []
         for n in frontier:
             for a in n.all_input_nodes:
@@ -199,21 +188,22 @@ def _projections_above(node: torch.fx.Node, limit: int) -> list[torch.fx.Node]:
                     continue
                 seen.add(a)
                 if a.op == "call_function" and a.target is _SERVED_LINEAR:
-                    found.append(a)
+                    projections.append(a)
                 elif a.op == "call_function" and _elementwise_candidate(a):
                     step.append(a)
         frontier = step
-    return found
+    inside = {n for n in seen if n is node or (n.op == "call_function" and _elementwise_candidate(n))}
+    return inside, projections
 
 
-def _ancestors(node: torch.fx.Node, within: set[torch.fx.Node]) -> set[torch.fx.Node]:
-    """The nodes of ``within`` that ``node`` (itself included) is computed from."""
+def _reachable(node: torch.fx.Node, within: set[torch.fx.Node]) -> set[torch.fx.Node]:
+    """The nodes of ``within`` that ``node`` flows into."""
     seen, stack = set(), [node]
     while stack:
-        n = stack.pop()
-        if n in within and n not in seen:
-            seen.add(n)
-            stack.extend(n.all_input_nodes)
+        for user in stack.pop().users:
+            if user in within and user not in seen:
+                seen.add(user)
+                stack.append(user)
     return seen
 
 
@@ -225,6 +215,12 @@ def _source(node: torch.fx.Node) -> torch.fx.Node:
 
 def _val(node: torch.fx.Node):
     return node.meta.get("val")
+
+
+def _shape(node: torch.fx.Node) -> list[str] | None:
+    """A node's shape as text: symbolic sizes compared by name, with no guard added."""
+    val = _val(node)
+    return None if val is None else [str(d) for d in val.shape]
 
 
 def _norm_probe(y_val, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -281,12 +277,10 @@ def _match_add_norm(normed: torch.fx.Node, consumers: list[torch.fx.Node]):
     that it is exactly that norm (``_norm_eps``)."""
     if any(user not in consumers for user in normed.users):
         return None
-    for producer in _projections_above(normed, MAX_NORM_CHAIN * 4):
-        below = _descendants(producer, MAX_NORM_CHAIN * 4)
-        if not below or normed not in below:
-            continue
-        chain = _ancestors(normed, below)
-        if any(user not in chain for user in producer.users) or len(chain) > MAX_NORM_CHAIN:
+    above, projections = _above(normed, MAX_NORM_CHAIN)
+    for producer in projections:
+        chain = _reachable(producer, above)
+        if normed not in chain or any(user not in chain for user in producer.users) or len(chain) > MAX_NORM_CHAIN:
             continue
         leaves = {a for node in chain for a in node.all_input_nodes if a not in chain and a is not producer}
         y_val = _val(producer)
@@ -298,7 +292,9 @@ def _match_add_norm(normed: torch.fx.Node, consumers: list[torch.fx.Node]):
         if (
             _val(weight_leaf) is None
             or tuple(_val(weight_leaf).shape) != (n,)
-            or _val(residual_leaf).dim() != y_val.dim()
+            or _shape(residual_leaf) != _shape(producer)
+            or _val(normed) is None
+            or _val(normed).dtype != y_val.dtype
         ):
             continue
         y, residual, weight = _norm_probe(y_val, n)

@@ -224,13 +224,14 @@ def test_a_norm_the_epilogues_do_not_compute_is_left_alone(model, why):
 
 
 def test_a_seated_llama_takes_each_add_and_norm_between_its_projections_into_them():
-    """transformers' Llama as the benchmark seats it (qkv and gate-and-up merged), two layers,
+    """transformers' Llama as the benchmark seats it (qkv and gate-and-up merged), six layers,
     compiled whole: the activation of each MLP and every residual add and RMSNorm whose reader
-    is seated (after each attention, before the second layer's, before the LM head) move into
-    the projections; the first layer's norm, which reads the embedding, stays. Logits as the
-    unfused model's."""
+    is seated (after each attention, before each later layer's, before the LM head: 12) move
+    into the projections; the first layer's norm, which reads the embedding, stays. The residual
+    stream runs back through every layer's adds, and the early layers' norms are found as the
+    late ones are. Logits as the unfused model's."""
     config = transformers.LlamaConfig(
-        hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        hidden_size=128, intermediate_size=256, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
         vocab_size=512, head_dim=32,
     )  # fmt: skip
     torch.manual_seed(0)
@@ -238,12 +239,12 @@ def test_a_seated_llama_takes_each_add_and_norm_between_its_projections_into_the
     for module in model.modules():
         if isinstance(module, LlamaRMSNorm):
             torch.nn.init.uniform_(module.weight, 0.5, 1.5)
-    model, _ = _seated(model, seams=9)
+    model, _ = _seated(model, seams=25)
     rewrites = _Rewrites()
     torch._dynamo.reset()
     ids = torch.randint(0, 512, (2, 7))
     with torch.no_grad(), inductor.patch(post_grad_custom_post_pass=rewrites):
         compiled = torch.compile(model, fullgraph=True)(ids).logits
         eager = model(ids).logits
-    assert rewrites.fused == [2] and rewrites.norms == [4]
+    assert rewrites.fused == [6] and rewrites.norms == [12]
     assert F.cosine_similarity(compiled.float().flatten(), eager.float().flatten(), dim=0) > 0.9999
