@@ -60,7 +60,8 @@ def test_gluon_gemvs_keep_every_operand_in_registers_and_the_mma_form_streams_th
     shared loads, the ``wgmma`` one (sm_90 only) multiplying from it, the K-warps one a warp's
     own MMAs (16 a step and 8 tokens: each warp on its chunk of K) and its warps' sum in the
     ring's shared memory; no other global load but the global scale's, and, in a folded split,
-    the partials' through L2 after an ``acq_rel`` arrival."""
+    the partials' through L2 after an ``acq_rel`` arrival, and in a norm epilogue its own: the
+    residual and the sums of squares a token a thread, the norm's weight."""
     code = """
 import re
 from flashrt.kernels import build, linear_k_warps_gluon, linear_mma_gluon, linear_wgmma_gluon
@@ -68,10 +69,12 @@ names = {"linear_gemv_gluon", "linear_mma_gluon", "linear_k_warps_gluon", "linea
          "moe_down_gemv"}
 
 
-def other_loads(ptx, c):  # global loads besides the ring's copies and a folded split's partials
+def other_loads(ptx, c):  # global loads besides the ring's copies, a folded split's partials, a norm epilogue's
     folded = c.get("FOLD") and c.get("SPLIT_K", 1) > 1
     assert ("atom.global.gpu.acq_rel" in ptx) == bool(folded) and ("ld.global.cg" in ptx) == bool(folded), c
-    return ptx.count("ld.global") - ptx.count("ld.global.cg")
+    columns = max(c["BLOCK_M"], 8) // c.get("CHUNKS", 1)  # the epilogue's tokens: a load a token a thread
+    norm = columns * (bool(c.get("ADD_NORM")) + bool(c.get("NORM_SCALE"))) + bool(c.get("ADD_NORM"))  # + the weight
+    return ptx.count("ld.global") - ptx.count("ld.global.cg") - norm
 
 
 kernels = [b for b in build.pairwise(build.builds()) if b.name in names]

@@ -24,15 +24,16 @@ def bind(self):
     _bind(self)
     if not self.name.endswith("layers.0.mlp.down_proj"):
         return
-    healthy, calls = self.seam, [0]
+    serve, calls = self._serve, [0]
 
-    def faulty(x, bias):  # every call from the N-th on raises
+    def raising(*args):
+        raise RuntimeError("injected fault")
+
+    def faulty(seam, host, *args):  # every call from the N-th on, plain or fused, raises in the seam
         calls[0] += 1
-        if calls[0] >= {n}:
-            raise RuntimeError("injected fault")
-        return healthy(x, bias)
+        return serve(raising if calls[0] >= {n} else seam, host, *args)
 
-    self.seam = faulty
+    self._serve = faulty
 
 
 def register():
