@@ -328,7 +328,7 @@ def _(x, seat, out_features):
 def _(x, bias, residual, norm_weight, seat, out_features):
     rows = x.numel() // x.shape[-1]
     sumsq = x.new_empty(ops.sumsq_numel(rows, out_features), dtype=torch.float32)
-    return torch.empty_like(residual), torch.empty_like(residual), sumsq
+    return residual.new_empty(residual.shape), residual.new_empty(residual.shape), sumsq  # contiguous, as served
 
 
 @served_linear_normed.register_fake
