@@ -285,7 +285,7 @@ def _match_add_norm(normed: torch.fx.Node, consumers: list[torch.fx.Node]):
         leaves = {a for node in chain for a in node.all_input_nodes if a not in chain and a is not producer}
         y_val = _val(producer)
         n = producer.args[3]
-        if y_val is None or len(leaves) != 2:
+        if y_val is None or len(leaves) != 2 or n % 16:  # sums of squares in groups of up to 16 features
             continue
         by_rank = sorted(leaves, key=lambda a: _val(a).dim() if _val(a) is not None else -1)
         weight_leaf, residual_leaf = by_rank

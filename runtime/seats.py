@@ -31,6 +31,7 @@ from flashrt.kernels import (
     absolute_max,
     linear,
     linear_add_norm,
+    linear_mma_gluon,
     linear_normed,
     linear_reference,
     linear_silu_mul,
@@ -45,6 +46,10 @@ from flashrt.runtime.profile import SeatProfile
 
 log = logging.getLogger("flashrt")
 CALIBRATION_ROWS = 8
+# A fused epilogue (``fusion``'s rewrites) against the same packed projection unfused and then the
+# same arithmetic in torch, on calibration rows: the two differ only in where an intermediate is
+# rounded, so anything under this is a kernel that computes something else.
+EPILOGUE_PARITY_FLOOR = 0.999
 
 
 @dataclass(frozen=True)
@@ -390,13 +395,18 @@ class ProjectionSeat(Seat):
         def product(x: torch.Tensor) -> torch.Tensor:
             return torch.cat([linear(bf16(x), s) for s in slabs], dim=-1)
 
+        self.epilogue_refusal = self._check_epilogues(slabs[0]) if len(slabs) == 1 else "the head's slabs"
+        if len(slabs) == 1 and self.epilogue_refusal:
+            log.warning("flashrt: seat %s serves its fused calls unfused: %s", self.name, self.epilogue_refusal)
+        fused = not self.epilogue_refusal
+
         def silu_mul_seam(x: torch.Tensor) -> torch.Tensor:
-            if len(slabs) == 1:
+            if fused:
                 return linear_silu_mul(bf16(x), slabs[0]).to(x.dtype)
             return ops.silu_mul(product(x)).to(x.dtype)
 
         def add_norm_seam(x, bias, residual, norm_weight):
-            if len(slabs) == 1:
+            if fused:
                 return linear_add_norm(bf16(x), slabs[0], residual, norm_weight, bias)
             return _add_norm_after(product(x), bias, residual, norm_weight)
 
@@ -404,7 +414,7 @@ class ProjectionSeat(Seat):
             return _add_norm_after(self.host(x, None), bias, residual, norm_weight)
 
         def normed_seam(x, sumsq, eps, bias, silu_mul_after):
-            if len(slabs) == 1:
+            if fused:
                 return linear_normed(bf16(x), slabs[0], sumsq, eps, bias, silu_mul_after).to(x.dtype)
             return _normed_after(product(x), x, sumsq, eps, bias, silu_mul_after)
 
@@ -414,6 +424,25 @@ class ProjectionSeat(Seat):
         self._silu_mul_seam, self._silu_mul_host = silu_mul_seam, lambda x: ops.silu_mul(self.host(x, None))
         self._add_norm_seam, self._add_norm_host = add_norm_seam, add_norm_host
         self._normed_seam, self._normed_host = normed_seam, normed_host
+
+    def _check_epilogues(self, slab: NVFP4Weight) -> str:
+        """Why the fused epilogues must not serve this seat, or "" where they may: each (the
+        SiLU-and-mul, the residual add and norm, the norm's scale) at one token and at
+        ``CALIBRATION_ROWS`` against the same packed projection unfused and then the same
+        arithmetic in torch (``EPILOGUE_PARITY_FLOOR``), and whether it runs at all here (a form
+        whose epilogue does not build on this GPU). Refused, the fused calls are served unfused:
+        a kernel that computes something else never reaches a request."""
+        plain = self._seam([slab])
+        gen = torch.Generator(device=slab.packed.device).manual_seed(2)
+        for m in (1, CALIBRATION_ROWS):
+            for name, (fused, unfused) in _epilogue_checks(plain, slab, m, gen).items():
+                try:
+                    parity = _cosine(fused(), unfused())
+                except Exception as exc:
+                    return f"{name} at {m} tokens raised {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                if not parity >= EPILOGUE_PARITY_FLOOR:
+                    return f"{name} at {m} tokens: cosine {parity:.4f} to the unfused projection"
+        return ""
 
     def serve_silu_mul(self, x: torch.Tensor) -> torch.Tensor:
         """The projection and the SiLU-and-mul after it (``served_linear_silu_mul``), counted and
@@ -462,6 +491,39 @@ class ProjectionSeat(Seat):
             return out.reshape(*x.shape[:-1], -1).to(x.dtype)
 
         return run
+
+
+def _epilogue_checks(plain, slab: NVFP4Weight, m: int, gen: torch.Generator) -> dict:
+    """Each fused epilogue a projection ``[N, K]`` can take at ``m`` calibration tokens, as
+    (fused, unfused) calls: the SiLU-and-mul (N even), the residual add and norm (N in whole
+    groups), the norm's scale (on ``ops.add_norm``'s sums of a stream of K features)."""
+    n, k = slab.shape
+    x = _calibration(m, k, slab.global_scale)
+    residual = (torch.randn(m, n, generator=gen, device=x.device) * 4).to(x.dtype)
+    norm_weight = (torch.rand(n, generator=gen, device=x.device) + 0.5).to(x.dtype)
+    stream = torch.randn(m, k, generator=gen, device=x.device) * 3
+    _, weighted, sumsq = ops.add_norm(stream, torch.zeros_like(x), torch.ones_like(x[0]), x.dtype)
+    held = m * (n // linear_mma_gluon.norm_group(m))
+    checks = {}
+    if n % 2 == 0:
+        checks["the SiLU-and-mul"] = (lambda: linear_silu_mul(x, slab), lambda: ops.silu_mul(plain(x, None)))
+    if n % 16 == 0:
+        checks["the residual add and norm"] = (
+            lambda: _front(linear_add_norm(x, slab, residual, norm_weight), held),
+            lambda: _front(_add_norm_after(plain(x, None), None, residual, norm_weight), held),
+        )
+    checks["the norm's scale"] = (
+        lambda: linear_normed(weighted, slab, sumsq, 1e-6),
+        lambda: _normed_after(plain(weighted, None), weighted, sumsq, 1e-6, None, False),
+    )
+    return checks
+
+
+def _front(outputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor], held: int) -> torch.Tensor:
+    """An add-and-norm's three outputs as one vector to compare: the stream, the weighted
+    stream and the ``held`` sums of squares at the front of its buffer (the rest is unwritten)."""
+    h, weighted, sumsq = outputs
+    return torch.cat([h.float().flatten(), weighted.float().flatten(), sumsq[:held]])
 
 
 def _add_norm_after(

@@ -206,6 +206,7 @@ def test_the_add_and_norm_move_into_the_projections_around_them_in_both_spelling
     torch.testing.assert_close(compiled, eager, rtol=2e-2, atol=5e-2)
     calls = {s.name: s.calls for s in handle.seats}
     assert calls[next(name for name in calls if "o_proj" in name)] == 2
+    assert not any(s.epilogue_refusal for s in handle.seats), "each epilogue matched its projection unfused"
 
 
 @pytest.mark.parametrize(
@@ -248,3 +249,32 @@ def test_a_seated_llama_takes_each_add_and_norm_between_its_projections_into_the
         eager = model(ids).logits
     assert rewrites.fused == [6] and rewrites.norms == [12]
     assert F.cosine_similarity(compiled.float().flatten(), eager.float().flatten(), dim=0) > 0.9999
+
+
+def test_a_seat_whose_epilogue_computes_something_else_serves_its_fused_calls_unfused(monkeypatch, caplog):
+    """Each seat checks the fused epilogues at bind against its own projection unfused (at one
+    token and at the calibration rows): an add-and-norm whose weighted output is off, or one that
+    raises, is refused with the reason logged, and the compiled model, whose graph still holds
+    the fused ops, computes what the unfused model does."""
+    from flashrt.runtime import seats
+
+    real = seats.linear_add_norm
+
+    def halved(*args, **kwargs):
+        h, weighted, sumsq = real(*args, **kwargs)
+        return h, weighted * 0.5, sumsq
+
+    def raising(*args, **kwargs):
+        raise RuntimeError("no epilogue here")
+
+    for broken, reason in ((halved, "the residual add and norm at 1 tokens: cosine"), (raising, "raised RuntimeError")):
+        monkeypatch.setattr(seats, "linear_add_norm", broken)
+        with caplog.at_level("WARNING", logger="flashrt"):
+            model, handle = _seated(TransformersBlock(), seams=3)
+        refusals = {s.name: s.epilogue_refusal for s in handle.seats}
+        assert all(reason in refusal for refusal in refusals.values()), refusals
+        assert "serves its fused calls unfused" in caplog.text
+        rewrites, compiled, eager = _compiled_block(model)
+        assert rewrites.norms == [1]
+        torch.testing.assert_close(compiled, eager, rtol=2e-2, atol=5e-2)
+        assert not any(s.fallbacks for s in handle.seats)
