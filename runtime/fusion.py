@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from flashrt.runtime import seats  # noqa: F401 (registers the served ops)
+from flashrt.runtime import seats  # the served ops, and which seats take their epilogues
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 log = logging.getLogger("flashrt")
@@ -128,7 +128,7 @@ def fuse_silu_mul(graph: torch.fx.Graph) -> int:
     fused = 0
     for linear in [n for n in graph.nodes if n.op == "call_function" and n.target is _SERVED_LINEAR]:
         x, bias, seat, width = linear.args
-        if bias is not None or width % 2:
+        if bias is not None or width % 2 or not seats.takes_epilogues(seat):
             continue
         halves = {}
         for user in linear.users:
@@ -275,10 +275,12 @@ def _match_add_norm(normed: torch.fx.Node, consumers: list[torch.fx.Node]):
     is the residual stream, ``residual + y`` as the chain's add computes it or its downcast to
     ``y``'s dtype: what the fused op's first output replaces. The chain is run on a probe to check
     that it is exactly that norm (``_norm_eps``)."""
-    if any(user not in consumers for user in normed.users):
+    if any(user not in consumers or not seats.takes_epilogues(user.args[-2]) for user in normed.users):
         return None
     above, projections = _above(normed, MAX_NORM_CHAIN)
     for producer in projections:
+        if not seats.takes_epilogues(producer.args[2]):
+            continue
         chain = _reachable(producer, above)
         if normed not in chain or any(user not in chain for user in producer.users) or len(chain) > MAX_NORM_CHAIN:
             continue

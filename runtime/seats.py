@@ -346,6 +346,15 @@ def _(x, topk_weights, topk_ids, seat):
     return torch.empty_like(x)
 
 
+def takes_epilogues(seat: int) -> bool:
+    """Whether seat ``seat``'s calls may be rewritten into fused ones (``fusion``): bound here,
+    and its epilogues passed their check at bind (``ProjectionSeat._check_epilogues``). A seat
+    that failed it would serve a fused call as the projection and then torch's arithmetic,
+    slower than the compiled kernel the rewrite removes."""
+    s = _SERVED[seat] if 0 <= seat < len(_SERVED) else None
+    return s is not None and s.state == "seated" and not getattr(s, "epilogue_refusal", "refused")
+
+
 def serve_linear(x: torch.Tensor, bias: torch.Tensor | None, seat: int, out_features: int) -> torch.Tensor:
     """A seated projection's forward: the op for tracers, its body for eager calls (``ops.eager``)."""
     return (_serve_linear_body if ops.eager(x) else served_linear)(x, bias, seat, out_features)
@@ -384,10 +393,12 @@ class ProjectionSeat(Seat):
         self.reason = "tied to the input embedding: bf16 weight kept for it" if tied else ""
 
     def _serve_fused_from(self, slabs: list[NVFP4Weight]) -> None:
-        """What the fused calls run (``fusion``'s rewrites): the ops with the epilogue on the one
-        slab (the head's slabs take the projection and then the same arithmetic in torch), and on
-        a fault the host's projection and then that arithmetic: vLLM's activation, ``ops.add_norm``,
-        ``ops.norm_scale``."""
+        """What the fused calls run (``fusion``'s rewrites): the ops with the epilogue (a head's
+        slabs each take the norm's scale in theirs; a head is never a gate-and-up projection or
+        the one before a norm, which take the projection and then the same arithmetic in torch
+        there), and on a fault, or where the epilogues failed their check at bind
+        (``epilogue_refusal``, which also keeps ``fusion`` from rewriting this seat's calls), the
+        projection and then that arithmetic: vLLM's activation, ``ops.add_norm``, ``ops.norm_scale``."""
 
         def bf16(x: torch.Tensor) -> torch.Tensor:
             return x if x.dtype in (torch.bfloat16, torch.float16) else x.to(torch.bfloat16)
@@ -395,18 +406,19 @@ class ProjectionSeat(Seat):
         def product(x: torch.Tensor) -> torch.Tensor:
             return torch.cat([linear(bf16(x), s) for s in slabs], dim=-1)
 
-        self.epilogue_refusal = self._check_epilogues(slabs[0]) if len(slabs) == 1 else "the head's slabs"
-        if len(slabs) == 1 and self.epilogue_refusal:
+        self.epilogue_refusal = self._check_epilogues(slabs[0])
+        if self.epilogue_refusal:
             log.warning("flashrt: seat %s serves its fused calls unfused: %s", self.name, self.epilogue_refusal)
         fused = not self.epilogue_refusal
+        one = fused and len(slabs) == 1
 
         def silu_mul_seam(x: torch.Tensor) -> torch.Tensor:
-            if fused:
+            if one:
                 return linear_silu_mul(bf16(x), slabs[0]).to(x.dtype)
             return ops.silu_mul(product(x)).to(x.dtype)
 
         def add_norm_seam(x, bias, residual, norm_weight):
-            if fused:
+            if one:
                 return linear_add_norm(bf16(x), slabs[0], residual, norm_weight, bias)
             return _add_norm_after(product(x), bias, residual, norm_weight)
 
@@ -414,8 +426,11 @@ class ProjectionSeat(Seat):
             return _add_norm_after(self.host(x, None), bias, residual, norm_weight)
 
         def normed_seam(x, sumsq, eps, bias, silu_mul_after):
-            if fused:
+            if one:
                 return linear_normed(bf16(x), slabs[0], sumsq, eps, bias, silu_mul_after).to(x.dtype)
+            if fused and not silu_mul_after:
+                out = torch.cat([linear_normed(bf16(x), s, sumsq, eps) for s in slabs], dim=-1)
+                return (out if bias is None else out + bias.to(out.dtype)).to(x.dtype)
             return _normed_after(product(x), x, sumsq, eps, bias, silu_mul_after)
 
         def normed_host(x, sumsq, eps, bias, silu_mul_after):
