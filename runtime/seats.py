@@ -37,6 +37,7 @@ from flashrt.kernels import (
     linear_silu_mul,
     moe,
     moe_reference,
+    norm_scale_after,
     ops,
     quantize,
 )
@@ -403,9 +404,6 @@ class ProjectionSeat(Seat):
         def bf16(x: torch.Tensor) -> torch.Tensor:
             return x if x.dtype in (torch.bfloat16, torch.float16) else x.to(torch.bfloat16)
 
-        def product(x: torch.Tensor) -> torch.Tensor:
-            return torch.cat([linear(bf16(x), s) for s in slabs], dim=-1)
-
         self.epilogue_refusal = self._check_epilogues(slabs[0])
         if self.epilogue_refusal:
             log.warning("flashrt: seat %s serves its fused calls unfused: %s", self.name, self.epilogue_refusal)
@@ -415,12 +413,12 @@ class ProjectionSeat(Seat):
         def silu_mul_seam(x: torch.Tensor) -> torch.Tensor:
             if one:
                 return linear_silu_mul(bf16(x), slabs[0]).to(x.dtype)
-            return ops.silu_mul(product(x)).to(x.dtype)
+            return ops.silu_mul(self.seam(x, None))
 
         def add_norm_seam(x, bias, residual, norm_weight):
             if one:
                 return linear_add_norm(bf16(x), slabs[0], residual, norm_weight, bias)
-            return _add_norm_after(product(x), bias, residual, norm_weight)
+            return _add_norm_after(self.seam(x, None), bias, residual, norm_weight)
 
         def add_norm_host(x, bias, residual, norm_weight):
             return _add_norm_after(self.host(x, None), bias, residual, norm_weight)
@@ -431,7 +429,7 @@ class ProjectionSeat(Seat):
             if fused and not silu_mul_after:
                 out = torch.cat([linear_normed(bf16(x), s, sumsq, eps) for s in slabs], dim=-1)
                 return (out if bias is None else out + bias.to(out.dtype)).to(x.dtype)
-            return _normed_after(product(x), x, sumsq, eps, bias, silu_mul_after)
+            return _normed_after(self.seam(x, None), x, sumsq, eps, bias, silu_mul_after)
 
         def normed_host(x, sumsq, eps, bias, silu_mul_after):
             return _normed_after(self.host(x, None), x, sumsq, eps, bias, silu_mul_after)
@@ -558,13 +556,10 @@ def _normed_after(
     product: torch.Tensor, x: torch.Tensor, sumsq: torch.Tensor, eps: float, bias, silu_mul_after: bool
 ) -> torch.Tensor:
     """A projection computed apart, times its input's norm scale (``ops.norm_scale``), then the
-    bias or the SiLU-and-mul, in ``x``'s dtype."""
+    bias or the SiLU-and-mul (``norm_scale_after``'s arithmetic), in ``x``'s shape and dtype."""
     k = x.shape[-1]
-    flat = product.reshape(-1, product.shape[-1]).float() * ops.norm_scale(sumsq, x.numel() // k, k, eps)
-    if silu_mul_after:
-        flat = ops.silu_mul(flat)
-    elif bias is not None:
-        flat = flat + bias.float()
+    scale = ops.norm_scale(sumsq, x.numel() // k, k, eps)
+    flat = norm_scale_after.reference(product.reshape(-1, product.shape[-1]), scale, bias, silu_mul_after)
     return flat.reshape(*x.shape[:-1], -1).to(x.dtype)
 
 
